@@ -1,0 +1,461 @@
+"""Acceptance: a submission becomes a definite, frozen job, or a readable rejection.
+
+One path serves ``spool submit FILE`` and files dropped into ``incoming/``.
+Every field is checked; sources are resolved inside the asset roots, probed
+and hashed; the recipe's expectations are worked out; and the job file is
+written once and never changed.
+
+Commit order (each step durable before the next):
+
+1. reserve the job ID by creating ``attempts/<job_id>/`` (exists = duplicate,
+   unless it is the empty leftover of an acceptance that crashed here);
+2. write ``pending/<job_id>.json`` via a hidden temp file, fsync, hard-link to
+   the final name (never replacing one), fsync ``pending/``;
+3. only then remove the dropped file from ``incoming/``.
+
+A crash anywhere leaves either no job (the drop is processed again) or a
+pending job whose drop is still in ``incoming/``: processing it again finds
+the job ID taken by a job with the same ``submission_sha256`` and just removes
+the drop, instead of rejecting it as a duplicate.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import pwd
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+
+from . import probe, recipe
+from .config import Config
+from .decoding import convert, parse_json
+from .errors import InvalidInput
+from .events import Journal
+from .model import (
+    Expect,
+    Job,
+    Output,
+    Rejection,
+    Source,
+    canonical_json,
+    encode,
+    job_id,
+    now,
+)
+from .status import load_job, locate
+from .store import sha256_file
+from .tree import Tree, fsync_dir, is_visible, rename_durable, write_atomic
+
+Name = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9._-]{0,95}$")]
+Revision = Annotated[int, msgspec.Meta(ge=1, le=999_999_999)]
+TagKey = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_.-]{0,63}$")]
+TagValue = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+FileName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
+User = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._@+-]{1,64}$")]
+PathText = Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+
+
+class OutputRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    file: FileName | None = None
+    expect: Expect = msgspec.field(default_factory=Expect)
+
+
+class Submission(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """What a submitter writes (documented in the README)."""
+
+    name: Name
+    revision: Revision = 1
+    supersedes: str | None = None
+    operation: Literal["render"] = "render"
+    sources: Annotated[dict[recipe.Role, PathText], msgspec.Meta(min_length=1, max_length=32)]
+    recipe: recipe.Recipe
+    output: OutputRequest = msgspec.field(default_factory=OutputRequest)
+    tags: dict[TagKey, TagValue] = {}
+    priority: Annotated[int, msgspec.Meta(ge=-1000, le=1000)] = 0
+    submitted_by: User | None = None
+
+
+@dataclass(frozen=True)
+class Accepted:
+    job: Job
+    path: Path
+
+
+@dataclass(frozen=True)
+class Rejected:
+    error: InvalidInput
+    path: Path  # rejected/<name>.json
+
+
+Outcome = Accepted | Rejected
+
+
+# -- checking -------------------------------------------------------------------
+
+
+def parse_submission(data: bytes, cfg: Config) -> Submission:
+    """Bytes -> a typed submission; every problem is an :class:`InvalidInput`."""
+    if len(data) > cfg.acceptance.max_submission_bytes:
+        raise InvalidInput(
+            "submission",
+            f"is {len(data)} bytes, more than the {cfg.acceptance.max_submission_bytes} allowed",
+        )
+    value = parse_json(data)
+    if not isinstance(value, dict):
+        raise InvalidInput("submission", f"must be a JSON object, not {type(value).__name__}")
+    return convert(value, Submission)
+
+
+def build_job(tree: Tree, cfg: Config, sub: Submission, submitted_by: str) -> Job:
+    """Check everything a submission says against the world and freeze it."""
+    jid = job_id(sub.name, sub.revision)
+    for key in cfg.acceptance.required_tags:
+        if not sub.tags.get(key, "").strip():
+            raise InvalidInput(f"tags.{key}", "is a required tag and is missing or empty")
+    if sub.supersedes is not None:
+        _check_supersedes(tree, sub, jid)
+
+    roots = cfg.asset_roots(tree.root)
+    resolved = {role: _resolve(role, text, roots) for role, text in sub.sources.items()}
+    unused = sorted(set(resolved) - sub.recipe.roles())
+    if unused:
+        raise InvalidInput(f"sources.{unused[0]}", "is declared but no recipe step uses it; remove it")
+    sources = {role: _describe(role, path, cfg) for role, path in resolved.items()}
+    recipe.check(sub.recipe, sources)
+
+    ext = recipe.extension(sub.recipe)
+    out_file = sub.output.file or f"{sub.name}{ext}"
+    if not out_file.endswith(ext):
+        raise InvalidInput(
+            "output.file",
+            f"must end with {ext} to match the {sub.recipe.encode.container} container",
+        )
+    expect = _merge(
+        recipe.default_expect(sub.recipe, sources, cfg.validation.duration_tolerance),
+        sub.output.expect,
+    )
+
+    return Job(
+        job_id=jid,
+        name=sub.name,
+        revision=sub.revision,
+        supersedes=sub.supersedes,
+        operation=sub.operation,
+        recipe=sub.recipe,
+        recipe_hash=recipe_hash(sub.recipe),
+        sources=[sources[r] for r in sorted(sources)],
+        output=Output(file=out_file, container=sub.recipe.encode.container, expect=expect),
+        tags=dict(sub.tags),
+        priority=sub.priority,
+        submitted_at=now(),
+        submitted_by=sub.submitted_by or submitted_by,
+    )
+
+
+def recipe_hash(r: recipe.Recipe) -> str:
+    return hashlib.sha256(canonical_json(r)).hexdigest()
+
+
+def _check_supersedes(tree: Tree, sub: Submission, jid: str) -> None:
+    prev = sub.supersedes or ""
+    name, _, rev = prev.partition("@")
+    if name != sub.name or not rev.isdigit() or int(rev) >= sub.revision:
+        raise InvalidInput("supersedes", f"must name an earlier revision of {sub.name}, not {prev!r}")
+    if locate(tree, prev) is None:
+        raise InvalidInput("supersedes", f"names {prev}, which is not a job in this spool")
+
+
+def _resolve(role: str, text: str, roots: list[Path]) -> Path:
+    """A source path -> its real path inside an asset root, or a rejection."""
+    field = f"sources.{role}"
+    if "\x00" in text:
+        raise InvalidInput(field, "contains a NUL character")
+    if not roots:
+        raise InvalidInput(
+            field,
+            "cannot be checked because spool.toml [assets] roots is empty; "
+            "add the folder that holds your media",
+        )
+    given = Path(text).expanduser()
+    candidates = [given] if given.is_absolute() else [root / given for root in roots]
+    for cand in candidates:
+        if not os.path.lexists(cand):
+            continue
+        real = cand.resolve()
+        if not any(real == root or root in real.parents for root in roots):
+            raise InvalidInput(field, f"{text} resolves to {real}, outside the asset roots")
+        return real
+    raise InvalidInput(field, f"{text} does not exist")
+
+
+def _describe(role: str, path: Path, cfg: Config) -> Source:
+    """stat, probe and hash one resolved source; never opens a FIFO or device."""
+    field = f"sources.{role}"
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise InvalidInput(field, f"{path} cannot be read ({exc.strerror})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InvalidInput(field, f"{path} is a folder, not a media file")
+    if not stat.S_ISREG(st.st_mode):
+        raise InvalidInput(field, f"{path} is not a regular file (device, FIFO or socket)")
+    if st.st_size == 0:
+        raise InvalidInput(field, f"{path} is empty")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        os.close(fd)
+    except OSError as exc:
+        raise InvalidInput(field, f"{path} cannot be read ({exc.strerror})") from None
+    try:
+        info = probe.ffprobe(path, cfg.render.ffprobe)
+    except probe.ProbeError as exc:
+        raise InvalidInput(field, f"{path} is not media ffprobe can read ({exc})") from None
+    if probe.is_indirect(info):
+        raise InvalidInput(field, f"{path} is a playlist or concat list, which spool does not accept")
+    digest, size = sha256_file(path)
+    return Source(role=role, path=str(path), size=size, sha256=digest, probe=probe.summarize(info))
+
+
+def _merge(defaults: Expect, stated: Expect) -> Expect:
+    """Stated expectations win over the recipe's defaults, field by field."""
+    values = {
+        f: getattr(stated, f) if getattr(stated, f) is not None else getattr(defaults, f)
+        for f in Expect.__struct_fields__
+    }
+    return Expect(**values)
+
+
+# -- committing ---------------------------------------------------------------------
+
+
+def commit(tree: Tree, job: Job) -> Path:
+    """Write the frozen job into ``pending/`` (see the module docstring's order)."""
+    data = encode(job)
+    jid = job.job_id
+    _reserve(tree, jid, data)
+    dest = tree.job_file("pending", jid)
+    try:
+        write_atomic(dest, data, replace=False)
+    except FileExistsError:
+        raise InvalidInput("name", f"job {jid} already exists; submit a new revision") from None
+    return dest
+
+
+def _reserve(tree: Tree, jid: str, data: bytes) -> None:
+    folder = tree.job_attempts(jid)
+    try:
+        os.mkdir(folder)
+    except FileExistsError:
+        # An empty reservation with no job anywhere is a crashed acceptance's.
+        if locate(tree, jid) is not None or any(os.scandir(folder)):
+            raise InvalidInput(
+                "name",
+                f"job {jid} already exists; submit revision {_next_revision(tree, jid)} instead",
+            ) from None
+    else:
+        fsync_dir(tree.attempts)
+
+
+def _next_revision(tree: Tree, jid: str) -> int:
+    name, _, rev = jid.partition("@")
+    n = int(rev) + 1
+    while (tree.job_attempts(f"{name}@{n}")).exists():
+        n += 1
+    return n
+
+
+def accept_bytes(tree: Tree, cfg: Config, data: bytes, submitted_by: str) -> Job:
+    """Check and commit one submission; raises :class:`InvalidInput` if rejected."""
+    sub = parse_submission(data, cfg)
+    job = build_job(tree, cfg, sub, submitted_by)
+    job = msgspec.structs.replace(job, submission_sha256=hashlib.sha256(data).hexdigest())
+    commit(tree, job)
+    return job
+
+
+def _already_accepted(tree: Tree, data: bytes) -> Job | None:
+    """The job a re-delivered drop already became (same bytes), if any."""
+    try:
+        value = parse_json(data)
+        jid = job_id(value["name"], value.get("revision", 1))
+    except (InvalidInput, KeyError, TypeError, AttributeError):
+        return None
+    found = load_job(tree, jid) if isinstance(jid, str) else None
+    if found and found[0].submission_sha256 == hashlib.sha256(data).hexdigest():
+        return found[0]
+    return None
+
+
+# -- rejections ---------------------------------------------------------------------
+
+
+def _stem(name: str) -> str:
+    base = name[:-5] if name.endswith(".json") else name
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in base).lstrip(".")[:100]
+    return safe or "submission"
+
+
+def _free_stem(tree: Tree, stem: str) -> str:
+    n, cand = 1, stem
+    while (tree.rejected / f"{cand}.json").exists() or (tree.rejected / f"{cand}.error.json").exists():
+        n += 1
+        cand = f"{stem}-{n}"
+    return cand
+
+
+def reject(
+    tree: Tree,
+    original_name: str,
+    error: InvalidInput,
+    by: str,
+    *,
+    data: bytes | None = None,
+    move_from: Path | None = None,
+) -> Path:
+    """File a submission under ``rejected/`` with a one-sentence reason beside it.
+
+    Either ``data`` (a copy, for ``spool submit``) or ``move_from`` (the drop
+    itself, renamed out of ``incoming/``) gives the rejected file.
+    """
+    stem = _free_stem(tree, _stem(original_name))
+    dest = tree.rejected / f"{stem}.json"
+    if move_from is not None:
+        rename_durable(move_from, dest)
+    else:
+        write_atomic(dest, data or b"")
+    rec = Rejection(
+        file=original_name, field=error.field, reason=str(error), rejected_at=now(), rejected_by=by
+    )
+    write_atomic(tree.rejected / f"{stem}.error.json", encode(rec))
+    return dest
+
+
+# -- the two entry points ----------------------------------------------------------------
+
+
+def submit_file(tree: Tree, cfg: Config, path: Path, journal: Journal, user: str) -> Outcome:
+    """``spool submit FILE``: the file is the user's; spool keeps a copy if rejected."""
+    try:
+        data = _read_submission(path, cfg)
+    except InvalidInput as exc:
+        rej = reject(tree, path.name, exc, user, data=b"")
+        journal.record(path.name, "rejected", from_="submit", reason=str(exc))
+        return Rejected(exc, rej)
+    return _accept_or_reject(tree, cfg, data, path.name, journal, user, source_path=None)
+
+
+def _accept_or_reject(
+    tree: Tree,
+    cfg: Config,
+    data: bytes,
+    name: str,
+    journal: Journal,
+    user: str,
+    source_path: Path | None,
+    redelivered: bool = False,
+) -> Outcome:
+    from_ = "incoming" if source_path is not None else "submit"
+    try:
+        job = accept_bytes(tree, cfg, data, user)
+    except InvalidInput as exc:
+        done = _already_accepted(tree, data) if redelivered else None
+        if done is not None:
+            return Accepted(done, tree.job_file("pending", done.job_id))
+        rej = reject(tree, name, exc, journal.writer, data=data, move_from=source_path)
+        journal.record(name, "rejected", from_=from_, reason=str(exc))
+        return Rejected(exc, rej)
+    journal.record(job.job_id, "pending", from_=from_, reason=f"accepted from {name}")
+    return Accepted(job, tree.job_file("pending", job.job_id))
+
+
+def _read_submission(path: Path, cfg: Config) -> bytes:
+    """Read a dropped file without following symlinks or blocking on FIFOs."""
+    field = "submission"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise InvalidInput(field, f"{path.name} is a symbolic link; drop the file itself") from None
+        raise InvalidInput(field, f"{path.name} cannot be read ({exc.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise InvalidInput(field, f"{path.name} is a folder, not a JSON file")
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidInput(field, f"{path.name} is not a regular file")
+        limit = cfg.acceptance.max_submission_bytes
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            raise InvalidInput(field, f"{path.name} is larger than the {limit} bytes allowed")
+        return data
+    finally:
+        os.close(fd)
+
+
+def owner_of(path: Path) -> str:
+    """The user name owning a dropped file: the default ``submitted_by``."""
+    try:
+        return pwd.getpwuid(os.lstat(path).st_uid).pw_name
+    except (KeyError, OSError):
+        return "unknown"
+
+
+def _taken_prefix(worker: str) -> str:
+    return f".accepting.{worker}."
+
+
+def take_incoming(tree: Tree, worker: str) -> Iterator[tuple[str, Path, bool]]:
+    """Claim finished drops in ``incoming/`` one by one by renaming each to a
+    hidden name of this worker's (rename is the one exclusive primitive across
+    hosts). Yields (original name, claimed path, redelivered); leftovers a
+    crash left under this worker's prefix come first, marked redelivered."""
+    prefix = _taken_prefix(worker)
+    try:
+        names = os.listdir(tree.incoming)
+    except FileNotFoundError:
+        return
+    for name in sorted(n for n in names if n.startswith(prefix)):
+        yield name[len(prefix) :], tree.incoming / name, True
+    for name in sorted(names):
+        if not name.endswith(".json") or not is_visible(name):
+            continue
+        taken = tree.incoming / f"{prefix}{name}"
+        try:
+            os.rename(tree.incoming / name, taken)
+        except OSError:
+            continue  # another acceptor took it, or it was withdrawn
+        yield name, taken, False
+
+
+def accept_incoming(
+    tree: Tree, cfg: Config, worker: str, journal: Journal, limit: int = 1000
+) -> list[Outcome]:
+    """Process up to ``limit`` drops from ``incoming/``; never raises on bad input."""
+    out: list[Outcome] = []
+    for name, taken, redelivered in take_incoming(tree, worker):
+        user = owner_of(taken)
+        try:
+            data = _read_submission(taken, cfg)
+        except InvalidInput as exc:
+            rej = reject(tree, name, exc, worker, move_from=taken)
+            journal.record(name, "rejected", from_="incoming", reason=str(exc))
+            out.append(Rejected(exc, rej))
+        else:
+            outcome = _accept_or_reject(
+                tree, cfg, data, name, journal, user, source_path=taken, redelivered=redelivered
+            )
+            if isinstance(outcome, Accepted):
+                os.unlink(taken)
+                fsync_dir(tree.incoming)
+            out.append(outcome)
+        if len(out) >= limit:
+            break
+    return out

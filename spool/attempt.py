@@ -1,0 +1,105 @@
+"""Attempt folders: one per claim, ``attempts/<job_id>/<n>/``, owned by one worker.
+
+An attempt folder is born whole: it is assembled under a hidden name
+(``attempt.json`` written and fsynced, ``work/`` created) and renamed to its
+number, so every visible attempt has its record. The rename also makes the
+number exclusive: renaming onto an existing non-empty ``<n>`` fails.
+
+Inside: ``attempt.json`` (who and when), ``work/`` (the only place a partial
+output may exist), ``ffmpeg.log``, ``progress.json``, and at the end
+``result.json`` (the staged manifest) or ``failure.json``, or
+``interrupted.json`` when a stop or a crash cut it short. No worker writes into
+another's attempt, and recovery never deletes or rewrites one.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import msgspec
+
+from .model import AttemptRecord, Failure, Manifest, Record, encode, now
+from .status import attempt_numbers
+from .tree import HOST, Tree, boot_id, fsync_dir, make_dirs, write_atomic
+
+
+@dataclass(frozen=True)
+class Attempt:
+    tree: Tree
+    job_id: str
+    n: int
+
+    @property
+    def dir(self) -> Path:
+        return self.tree.attempt_dir(self.job_id, self.n)
+
+    @property
+    def work(self) -> Path:
+        return self.dir / "work"
+
+    @property
+    def log(self) -> Path:
+        return self.dir / "ffmpeg.log"
+
+    @property
+    def progress(self) -> Path:
+        return self.dir / "progress.json"
+
+    def record(self, name: str, rec: Record, *, durable: bool = True) -> Path:
+        """Write one of this attempt's record files atomically."""
+        path = self.dir / name
+        write_atomic(path, encode(rec), durable=durable)
+        return path
+
+
+class Interruption(Record, kw_only=True):
+    """``interrupted.json``: the attempt was stopped before it ended."""
+
+    job_id: str
+    attempt: int
+    reason: str
+    worker: str
+    at: datetime
+
+
+def open_attempt(tree: Tree, job_id: str, worker: str, reason: str = "claim") -> Attempt:
+    """Create the next attempt folder for a job this worker owns."""
+    parent = tree.job_attempts(job_id)
+    make_dirs(parent)
+    staging = parent / f".new.{HOST}.{os.getpid()}.{secrets.token_hex(4)}"
+    os.mkdir(staging)
+    os.mkdir(staging / "work")
+    n = (max(attempt_numbers(tree, job_id), default=0)) + 1
+    rec = AttemptRecord(
+        job_id=job_id,
+        n=n,
+        worker=worker,
+        host=HOST,
+        pid=os.getpid(),
+        boot_id=boot_id(),
+        claimed_at=now(),
+        reason=reason,
+    )
+    while True:
+        write_atomic(staging / "attempt.json", encode(rec))
+        try:
+            os.rename(staging, parent / str(n))
+            break
+        except OSError:
+            # <n> exists (only after a crash mid-numbering): take the next number.
+            n += 1
+            rec = msgspec.structs.replace(rec, n=n)
+    fsync_dir(parent)
+    return Attempt(tree, job_id, n)
+
+
+def write_failure(attempt: Attempt, failure: Failure) -> Path:
+    return attempt.record("failure.json", failure)
+
+
+def write_result(attempt: Attempt, manifest: Manifest) -> Path:
+    return attempt.record("result.json", manifest)

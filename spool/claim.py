@@ -1,0 +1,135 @@
+"""Picking and claiming pending jobs, and checking ownership (fencing).
+
+A claim is ``os.rename(pending/J.json, running/W/J.json)``: on every
+filesystem we trust, exactly one of several racing renames wins and the others
+get an error. On a network filesystem the *reply* to a successful rename can
+be lost and the retransmitted request then fails with ENOENT, so any error is
+followed by a look at ``running/W/J.json``: if it is there, the claim is ours.
+
+Ownership afterwards is simply "the job file is in my running folder". A
+worker checks it before every commit point (store link, manifest, final
+move); the final move itself is a rename out of ``running/W/`` and so fails
+for a worker whose job was taken away.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import datetime
+
+import msgspec
+
+from .model import Record
+from .tree import Tree, fsync_dir, make_dirs, visible_names
+
+
+class _Order(Record, kw_only=True):
+    """The only fields of a job file that ordering needs (decoding skips the rest)."""
+
+    priority: int = 0
+    submitted_at: datetime | None = None
+
+
+@dataclass(frozen=True, order=True)
+class _Key:
+    neg_priority: int
+    submitted: float
+    job_id: str
+
+
+class PendingIndex:
+    """The daemon's ordered view of ``pending/``: higher priority first, then
+    earlier submission. Each job file is parsed once, when its name first
+    appears; a rescan costs one directory listing."""
+
+    def __init__(self, tree: Tree) -> None:
+        self.tree = tree
+        self._keys: dict[str, _Key] = {}
+        self._sorted: list[_Key] | None = None
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def refresh(self) -> int:
+        """Re-read the names in ``pending/``; returns how many jobs it holds."""
+        names = {n[:-5] for n in visible_names(self.tree.pending)}
+        gone = self._keys.keys() - names
+        for jid in gone:
+            del self._keys[jid]
+        new = names - self._keys.keys()
+        for jid in new:
+            key = self._read_key(jid)
+            if key is not None:
+                self._keys[jid] = key
+        if gone or new:
+            self._sorted = None
+        return len(self._keys)
+
+    def _read_key(self, jid: str) -> _Key | None:
+        try:
+            data = self.tree.job_file("pending", jid).read_bytes()
+            order = msgspec.json.decode(data, type=_Order)
+        except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+            return None  # gone already, or not a job file: claiming will tell
+        ts = order.submitted_at.timestamp() if order.submitted_at else 0.0
+        return _Key(-order.priority, ts, jid)
+
+    def ordered(self) -> list[str]:
+        """Job IDs in claim order."""
+        if self._sorted is None:
+            self._sorted = sorted(self._keys.values())
+        return [k.job_id for k in self._sorted]
+
+    def discard(self, jid: str) -> None:
+        if self._keys.pop(jid, None) is not None:
+            self._sorted = None
+
+
+def claim(tree: Tree, worker: str, job_id: str) -> bool:
+    """Try to take ``job_id`` for ``worker``; ``True`` only if it is now ours.
+
+    Durable on return: both folders are fsynced after a successful rename.
+    """
+    src = tree.job_file("pending", job_id)
+    dst = tree.job_file("running", job_id, worker)
+    try:
+        os.rename(src, dst)
+    except OSError:
+        if not dst.parent.is_dir():
+            make_dirs(dst.parent)  # first claim of this worker
+            return claim(tree, worker, job_id)
+        # Any errno may hide a lost reply on a network mount (nas.md section 4).
+        if not _landed(dst):
+            return False
+    fsync_dir(dst.parent)
+    fsync_dir(src.parent)
+    return True
+
+
+def _landed(dst: os.PathLike[str]) -> bool:
+    return os.path.exists(dst)
+
+
+def owns(tree: Tree, worker: str, job_id: str) -> bool:
+    """The fencing check: is the job file still in this worker's running folder?"""
+    return tree.job_file("running", job_id, worker).exists()
+
+
+def move(tree: Tree, worker: str, job_id: str, to_state: str) -> bool:
+    """Move an owned running job to ``to_state`` (complete, failed, pending).
+
+    Returns ``False`` if the job was no longer ours (the rename found nothing
+    and the destination does not hold it either): the caller lost ownership.
+    """
+    src = tree.job_file("running", job_id, worker)
+    dst = tree.job_file(to_state, job_id)
+    try:
+        os.rename(src, dst)
+    except OSError:
+        # Lost reply check: it moved if it is at dst and no longer at src.
+        if not (dst.exists() and not src.exists()):
+            return False
+    fsync_dir(dst.parent)
+    fsync_dir(src.parent)
+    return True

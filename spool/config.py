@@ -1,0 +1,197 @@
+"""``spool.toml`` -> typed configuration, with one clear error naming the key.
+
+Operator limits live here and only here: nothing a job says can raise them.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+
+from .decoding import convert
+from .errors import ConfigError, InvalidInput
+
+Seconds = Annotated[float, msgspec.Meta(gt=0)]
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.I)
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+
+
+def parse_size(value: int | str) -> int:
+    """``"20GiB"``, ``"500 MB"`` or a plain integer of bytes -> bytes."""
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("must not be negative")
+        return value
+    m = _SIZE.match(value)
+    if not m:
+        raise ValueError(f"{value!r} is not a size such as 20GiB or 500MB")
+    return int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
+
+
+class Assets(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    #: Folders sources may come from, checked after resolving symlinks.
+    #: Relative entries are relative to the spool folder.
+    roots: list[str] = []
+
+
+class Limits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    max_active: PositiveInt = 2
+    temp_disk: int | str = "20GiB"
+    job_timeout: Seconds = 3600.0
+    max_attempts: PositiveInt = 3
+    nice: Annotated[int, msgspec.Meta(ge=0, le=19)] = 10
+    memory: int | str = 0
+    output_size: int | str = 0
+
+    def __post_init__(self) -> None:
+        for key in ("temp_disk", "memory", "output_size"):
+            try:
+                parse_size(getattr(self, key))
+            except ValueError as exc:
+                raise ValueError(f"limits.{key}: {exc}") from None
+
+    @property
+    def temp_disk_bytes(self) -> int:
+        return parse_size(self.temp_disk)
+
+    @property
+    def memory_bytes(self) -> int:
+        return parse_size(self.memory)
+
+    @property
+    def output_size_bytes(self) -> int:
+        return parse_size(self.output_size)
+
+
+class Acceptance(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    required_tags: list[str] = msgspec.field(
+        default_factory=lambda: ["campaign", "locale", "asset_type", "visibility"]
+    )
+    max_submission_bytes: PositiveInt = 1 << 20
+
+
+class Validation(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    decode_check: Literal["full", "sampled", "none"] = "sampled"
+    duration_tolerance: Annotated[float, msgspec.Meta(ge=0)] = 0.1
+    sample_windows: PositiveInt = 3
+    sample_seconds: Seconds = 0.5
+
+
+class Daemon(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    poll_interval: Seconds = 2.0
+    heartbeat_interval: Seconds = 5.0
+    stop_grace: Annotated[float, msgspec.Meta(ge=0)] = 30.0
+    watch: Literal["auto", "inotify", "poll"] = "auto"
+
+
+class Render(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    ffmpeg: str = "ffmpeg"
+    ffprobe: str = "ffprobe"
+    font_file: str = ""
+    threads: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    assets: Assets = msgspec.field(default_factory=Assets)
+    limits: Limits = msgspec.field(default_factory=Limits)
+    acceptance: Acceptance = msgspec.field(default_factory=Acceptance)
+    validation: Validation = msgspec.field(default_factory=Validation)
+    daemon: Daemon = msgspec.field(default_factory=Daemon)
+    render: Render = msgspec.field(default_factory=Render)
+
+    def asset_roots(self, spool_root: Path) -> list[Path]:
+        """Asset roots as absolute, symlink-resolved folders."""
+        return [(spool_root / r).resolve() for r in self.assets.roots]
+
+
+def load(path: Path) -> Config:
+    """Read and check ``spool.toml``; a missing file means all defaults."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return Config()
+    except OSError as exc:
+        raise ConfigError(str(path), f"cannot be read ({exc.strerror})") from None
+    return parse(raw, str(path))
+
+
+def parse(raw: bytes, name: str = "spool.toml") -> Config:
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(name, "is not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(name, f"is not valid TOML ({exc})") from None
+    try:
+        return convert(data, Config)
+    except InvalidInput as exc:
+        raise ConfigError(f"{name}: {exc.field}", exc.problem) from None
+
+
+def template(asset_roots: list[str]) -> str:
+    """The commented ``spool.toml`` that ``spool init`` writes."""
+    roots = ", ".join(f'"{_toml_escape(r)}"' for r in asset_roots)
+    return f"""\
+# spool.toml: operator configuration of this spool.
+# Limits and policy come from here and never from a job. Every key is optional;
+# the values below are the defaults. A bad value stops the daemon and the CLI
+# with one error naming the key.
+
+[assets]
+# Folders that job sources may come from. A source must resolve (after symlinks)
+# inside one of them. Relative entries are relative to this spool folder, and a
+# relative source path in a submission is looked up under each root in order.
+roots = [{roots}]
+
+[limits]
+max_active = 2          # renders one worker runs at once
+temp_disk = "20GiB"     # disk a worker may reserve for renders in attempts/*/work
+job_timeout = 3600      # seconds of wall-clock time one render may take
+max_attempts = 3        # attempts per job before it fails for good
+nice = 10               # CPU niceness of FFmpeg (0-19)
+memory = 0              # address-space limit for FFmpeg, e.g. "8GiB"; 0 = none
+output_size = 0         # largest output file FFmpeg may write, e.g. "50GiB"; 0 = none
+
+[acceptance]
+required_tags = ["campaign", "locale", "asset_type", "visibility"]
+max_submission_bytes = 1048576
+
+[validation]
+decode_check = "sampled"   # full | sampled | none: how much of the output is decoded
+duration_tolerance = 0.1   # seconds, when a job states none
+sample_windows = 3         # sampled mode: windows decoded (start, middle, end)
+sample_seconds = 0.5       # sampled mode: seconds decoded per window
+
+[daemon]
+poll_interval = 2.0        # seconds between directory rescans (network mounts rely on them)
+heartbeat_interval = 5.0   # seconds between heartbeats in workers/<worker>.json
+stop_grace = 30.0          # seconds running renders may finish after SIGTERM
+watch = "auto"             # auto | inotify | poll
+
+[render]
+ffmpeg = "ffmpeg"
+ffprobe = "ffprobe"
+font_file = ""             # font for text steps; empty = fontconfig's default sans
+threads = 0                # FFmpeg threads per render; 0 = FFmpeg's choice
+"""
+
+
+def _toml_escape(s: str) -> str:
+    return s.replace("\\", "\\\\").replace('"', '\\"')

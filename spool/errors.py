@@ -1,0 +1,47 @@
+"""Errors a user or script sees, each carrying the CLI exit code of SPEC section 10.
+
+Messages are one sentence that names the field or file and the problem.
+"""
+
+from __future__ import annotations
+
+#: Exit codes of the CLI's machine interface.
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_INVALID = 2
+EXIT_NOT_READY = 3
+EXIT_NOT_FOUND = 4
+
+
+class SpoolError(Exception):
+    """Anything the CLI reports as one line; ``exit_code`` says how."""
+
+    exit_code = EXIT_ERROR
+
+
+class InvalidInput(SpoolError):
+    """A submission, recipe, argument or config value is not acceptable."""
+
+    exit_code = EXIT_INVALID
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{field}: {problem}" if field else problem)
+
+
+class ConfigError(InvalidInput):
+    """``spool.toml`` is unreadable or a key has a bad value."""
+
+
+class NotReady(SpoolError):
+    exit_code = EXIT_NOT_READY
+
+
+class NotFound(SpoolError):
+    exit_code = EXIT_NOT_FOUND
+
+
+class LostOwnership(SpoolError):
+    """This worker no longer owns the job (it was recovered elsewhere): the
+    fencing check at a commit point failed, so nothing may be published."""

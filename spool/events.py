@@ -1,0 +1,94 @@
+"""The transition journal: one JSON line per transition in ``events/<writer>.jsonl``.
+
+Each writer (a daemon's worker identity, or ``<host>-cli`` for commands run on
+a host) has a file of its own, so writers on different hosts never append to
+one file (``O_APPEND`` is not atomic across NFS clients). Processes on one
+host that share the cli file serialise with a local lock, which is reliable
+there. The journal is a record for humans and scripts, not the source of
+truth: the tree is. So a line is written but not fsynced.
+
+Line format (documented in the README)::
+
+    {"ts":"2026-11-29T20:13:03.123Z","job":"mug@1","from":"pending","to":"running",
+     "attempt":1,"worker":"host-a","reason":"claimed"}
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import portalocker
+
+from .model import Event, decode, encode_line, now
+from .tree import HOST, Tree
+
+
+def cli_writer() -> str:
+    return f"{HOST}-cli"
+
+
+class Journal:
+    """Appends events for one writer; safe to share between threads."""
+
+    def __init__(self, tree: Tree, writer: str) -> None:
+        self.path = tree.events / f"{writer}.jsonl"
+        self.writer = writer
+        self._lock = threading.Lock()
+
+    def record(
+        self,
+        job: str,
+        to: str,
+        *,
+        from_: str | None = None,
+        attempt: int | None = None,
+        worker: str | None = None,
+        reason: str | None = None,
+    ) -> Event:
+        with self._lock:  # timestamps in file order, so readers can merge files
+            ev = Event(
+                ts=now(),
+                job=job,
+                to=to,
+                from_=from_,
+                attempt=attempt,
+                worker=worker or self.writer,
+                reason=reason,
+            )
+            line = encode_line(ev)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                portalocker.lock(fd, portalocker.LOCK_EX)
+                os.write(fd, line)
+            finally:
+                os.close(fd)  # closing drops the lock
+        return ev
+
+
+def read_file(path: Path) -> Iterator[Event]:
+    """Events of one journal file; a torn or foreign line is skipped, not fatal."""
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - closed by the with below
+    except FileNotFoundError:
+        return
+    with f:
+        for line in f:
+            if not line.endswith(b"\n"):
+                break  # a line still being written
+            try:
+                yield decode(line, Event)
+            except msgspec.DecodeError:
+                continue
+
+
+def read_all(tree: Tree, job: str | None = None) -> list[Event]:
+    """Every event of every writer, merged in time order."""
+    files = sorted(tree.events.glob("*.jsonl"))
+    streams = [read_file(p) for p in files]
+    merged = heapq.merge(*streams, key=lambda e: e.ts)
+    return [e for e in merged if job is None or e.job == job]

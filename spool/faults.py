@@ -1,0 +1,31 @@
+"""Named crash points, for proving crash safety with real SIGKILLs.
+
+With ``SPOOL_CRASH_AT=<name>`` in its environment, a process kills itself
+with SIGKILL the first time it reaches that point: no cleanup, no finally
+blocks, exactly like the OOM killer or a power cut for everything not yet
+fsynced. The torture harness and the crash-point tests set it; in normal
+runs each call is one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+#: Every crash point, in the order a render passes them.
+POINTS = (
+    "after_claim",
+    "after_attempt_dir",
+    "mid_render",
+    "after_validation",
+    "after_store_link",
+    "after_result",
+    "after_manifest",
+    "before_complete_rename",
+)
+
+
+def crashpoint(name: str) -> None:
+    """Die here, now, if the environment asks for it."""
+    if os.environ.get("SPOOL_CRASH_AT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,307 @@
+"""Typed records for every file spool writes (SPEC sections 1-6).
+
+Each record is a ``msgspec.Struct``; :func:`encode` and :func:`decode` are the
+only way records become bytes and back. Records that spool writes tolerate
+unknown fields when read (a newer spool may add some); what users write (the
+submission) is strict and lives in :mod:`spool.accept`.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Any, Literal, TypeVar
+
+import msgspec
+
+from .recipe import Recipe
+
+T = TypeVar("T")
+
+#: ``name`` of a job: lower-case, starts alphanumeric, at most 96 characters.
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,95}$")
+#: ``<name>@<revision>``
+JOB_ID_RE = re.compile(r"^(?P<name>[a-z0-9][a-z0-9._-]{0,95})@(?P<rev>[1-9][0-9]{0,8})$")
+
+#: Version of the on-disk job format; bumped only for incompatible changes.
+FORMAT = 1
+
+State = Literal["pending", "running", "complete", "failed"]
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def job_id(name: str, revision: int) -> str:
+    return f"{name}@{revision}"
+
+
+def split_job_id(jid: str) -> tuple[str, int]:
+    m = JOB_ID_RE.match(jid)
+    if not m:
+        raise ValueError(f"{jid!r} is not a job ID of the form name@revision")
+    return m.group("name"), int(m.group("rev"))
+
+
+class Record(msgspec.Struct, kw_only=True):
+    """Base of every on-disk record."""
+
+
+# -- sources -----------------------------------------------------------------
+
+
+class VideoInfo(Record, kw_only=True):
+    codec: str
+    width: int
+    height: int
+    fps: float
+    pix_fmt: str | None = None
+
+
+class AudioInfo(Record, kw_only=True):
+    codec: str
+    channels: int
+    sample_rate: int
+
+
+class ProbeSummary(Record, kw_only=True):
+    """The few probe facts a recipe or a human needs, not the whole ffprobe dump."""
+
+    format: str
+    duration: float | None
+    still: bool  # a single image (logo), not a moving clip
+    video: VideoInfo | None = None
+    audio: AudioInfo | None = None
+    streams: int = 0
+
+
+class Source(Record, kw_only=True):
+    """One input as accepted: it must still hash to ``sha256`` when rendered."""
+
+    role: str
+    path: str
+    size: int
+    sha256: str
+    probe: ProbeSummary
+
+
+# -- the job -----------------------------------------------------------------
+
+
+class Expect(Record, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """Machine-checkable expectations of the output; ``None`` means unchecked.
+
+    A submission may state any of them; the rest default from the recipe.
+    """
+
+    video_streams: int | None = None
+    audio_streams: int | None = None
+    subtitle_streams: int | None = None
+    video_codec: str | None = None
+    audio_codec: str | None = None
+    width: int | None = None
+    height: int | None = None
+    fps: float | None = None
+    pix_fmt: str | None = None
+    duration: float | None = None
+    duration_tolerance: float | None = None
+
+
+class Output(Record, kw_only=True):
+    file: str
+    container: str
+    expect: Expect
+
+
+class Job(Record, kw_only=True):
+    """The frozen job file: written once at acceptance, never changed."""
+
+    format: int = FORMAT
+    job_id: str
+    name: str
+    revision: int
+    supersedes: str | None = None
+    operation: Literal["render", "noop"] = "render"
+    recipe: Recipe
+    recipe_hash: str
+    sources: list[Source]
+    output: Output
+    tags: dict[str, str]
+    priority: int = 0
+    submitted_at: datetime
+    submitted_by: str
+    submission_sha256: str = ""  # of the submitted bytes: recognises a re-delivered drop
+
+    def source(self, role: str) -> Source:
+        for s in self.sources:
+            if s.role == role:
+                return s
+        raise KeyError(role)
+
+
+# -- attempts ----------------------------------------------------------------
+
+
+class AttemptRecord(Record, kw_only=True):
+    """``attempts/J/<n>/attempt.json``: who owns this attempt, written at claim."""
+
+    job_id: str
+    n: int
+    worker: str
+    host: str
+    pid: int
+    boot_id: str
+    claimed_at: datetime
+    reason: str = "claim"
+
+
+class Progress(Record, kw_only=True):
+    """``progress.json``: a hint for humans, rewritten while FFmpeg runs."""
+
+    percent: float | None
+    frame: int
+    fps: float | None
+    speed: float | None
+    out_time: float
+    eta_seconds: float | None
+    updated_at: datetime
+    done: bool = False
+
+
+class Check(Record, kw_only=True):
+    """One validation check: what was expected, what the file has."""
+
+    name: str
+    expected: Any
+    actual: Any
+    ok: bool
+
+
+class ValidationReport(Record, kw_only=True):
+    ok: bool
+    decode_check: str
+    checks: list[Check]
+    seconds: float
+
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if not c.ok]
+
+
+Stage = Literal["prepare", "render", "validate", "publish", "commit", "recover", "cancel"]
+
+
+class Failure(Record, kw_only=True):
+    """``attempts/J/<n>/failure.json``: a located error and what to do next."""
+
+    job_id: str
+    attempt: int
+    stage: Stage
+    property: str
+    expected: Any = None
+    actual: Any = None
+    message: str
+    log_excerpt: list[str] = []
+    next_action: str
+    worker: str
+    failed_at: datetime
+    retryable: bool = False
+
+
+class PublishedFile(Record, kw_only=True):
+    file: str
+    sha256: str
+    size: int
+    container: str
+    store_path: str  # relative to the spool root
+    method: Literal["link", "copy", "existing"]
+
+
+class SourceDigest(Record, kw_only=True):
+    role: str
+    sha256: str
+
+
+class Manifest(Record, kw_only=True):
+    """``manifests/J.json`` (and the attempt's ``result.json``): the published output."""
+
+    job_id: str
+    attempt: int
+    recipe_hash: str
+    output: PublishedFile
+    sources: list[SourceDigest]
+    validation: ValidationReport
+    tags: dict[str, str]
+    worker: str
+    claimed_at: datetime
+    render_seconds: float
+    validate_seconds: float
+    published_at: datetime
+    note: str = ""
+
+
+# -- workers, events, rejections -----------------------------------------------
+
+
+class WorkerRecord(Record, kw_only=True):
+    """``workers/<worker>.json``: identity and heartbeat of one daemon."""
+
+    worker: str
+    host: str
+    pid: int
+    boot_id: str
+    started_at: datetime
+    heartbeat_at: datetime
+    beats: int
+    state: Literal["running", "stopping", "stopped"] = "running"
+    max_active: int
+    active: list[str] = []
+    temp_disk_reserved: int = 0
+    temp_disk_limit: int = 0
+    version: str = ""
+
+
+class Event(Record, kw_only=True, omit_defaults=True):
+    """One line of the transition journal in ``events/``."""
+
+    ts: datetime
+    job: str
+    to: str
+    from_: str | None = msgspec.field(default=None, name="from")
+    attempt: int | None = None
+    worker: str | None = None
+    reason: str | None = None
+
+
+class Rejection(Record, kw_only=True):
+    """``rejected/<name>.error.json``: why a submission never became a job."""
+
+    file: str
+    field: str
+    reason: str
+    rejected_at: datetime
+    rejected_by: str
+
+
+# -- bytes ---------------------------------------------------------------------
+
+_encoder = msgspec.json.Encoder(order="deterministic")
+
+
+def encode(record: Any) -> bytes:
+    """A record as pretty, stable JSON: humans read these files with ``cat``."""
+    return msgspec.json.format(_encoder.encode(record), indent=2) + b"\n"
+
+
+def encode_line(record: Any) -> bytes:
+    """A record as one compact JSON line (events)."""
+    return _encoder.encode(record) + b"\n"
+
+
+def decode(data: bytes, typ: type[T]) -> T:
+    return msgspec.json.decode(data, type=typ)
+
+
+def canonical_json(value: Any) -> bytes:
+    """Canonical JSON (sorted keys, no whitespace, UTF-8): the input of recipe_hash."""
+    return msgspec.json.encode(msgspec.to_builtins(value), order="sorted")

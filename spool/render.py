@@ -1,0 +1,199 @@
+"""Running FFmpeg for one attempt: limits, log, live progress, stop and timeout.
+
+FFmpeg runs as a child process with an argument list (never a shell), in the
+attempt's ``work/`` folder, with stderr going to the attempt's ``ffmpeg.log``
+and ``-progress`` on stdout parsed into ``progress.json``. The child is in a
+process group of its own, gets niceness and resource limits from the
+operator's config before it executes, and is killed if the daemon dies
+(``PR_SET_PDEATHSIG``), so an orphaned FFmpeg never keeps writing into an
+attempt that recovery is inspecting.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import selectors
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .attempt import Attempt
+from .config import Limits
+from .model import Progress, now
+from .recipe import Command
+
+_PR_SET_PDEATHSIG = 1
+_prctl: Callable[..., int] | None
+try:
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux
+    _prctl = None
+
+#: How often ``progress.json`` is rewritten while FFmpeg runs.
+PROGRESS_EVERY = 0.5
+
+
+@dataclass(frozen=True)
+class RenderOutcome:
+    returncode: int | None
+    seconds: float
+    stopped: str | None  # "timeout", "interrupted" or None
+    log_tail: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and self.stopped is None
+
+
+def _child_setup(nice: int, memory: int, file_size: int) -> Callable[[], None]:
+    """Runs in the forked child before exec: only plain system calls, no locks."""
+
+    def setup() -> None:
+        if _prctl is not None:
+            _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if nice:
+            os.nice(nice)
+        if memory:
+            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        if file_size:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
+
+    return setup
+
+
+def parse_progress(block: dict[str, str], duration: float | None, started: float) -> Progress:
+    """One ``-progress`` block (key=value lines up to ``progress=...``) -> Progress."""
+
+    def num(key: str) -> float | None:
+        v = block.get(key, "").strip().rstrip("x")
+        try:
+            return float(v)
+        except ValueError:
+            return None
+
+    out_us = num("out_time_us") or num("out_time_ms") or 0.0
+    out_time = max(out_us / 1e6, 0.0)
+    speed = num("speed")
+    percent = eta = None
+    if duration:
+        percent = round(min(100.0, 100.0 * out_time / duration), 1)
+        if speed and speed > 0:
+            eta = round(max(duration - out_time, 0.0) / speed, 1)
+        elif out_time > 0:
+            elapsed = time.monotonic() - started
+            eta = round(elapsed * (duration - out_time) / out_time, 1)
+    return Progress(
+        percent=percent,
+        frame=int(num("frame") or 0),
+        fps=num("fps"),
+        speed=speed,
+        out_time=round(out_time, 3),
+        eta_seconds=eta,
+        updated_at=now(),
+        done=block.get("progress") == "end",
+    )
+
+
+def run(
+    cmd: Command,
+    attempt: Attempt,
+    limits: Limits,
+    *,
+    stop: threading.Event | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> RenderOutcome:
+    """Run FFmpeg to completion, a timeout, or ``stop`` being set."""
+    for name, data in cmd.files.items():
+        (attempt.work / name).write_bytes(data)
+    started = time.monotonic()
+    deadline = started + limits.job_timeout
+    stopped: str | None = None
+    with open(attempt.log, "ab") as log:
+        log.write(f"$ {shlex.join(cmd.argv)}\n".encode())
+        log.flush()
+        proc = subprocess.Popen(
+            cmd.argv,
+            cwd=attempt.work,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            process_group=0,
+            preexec_fn=_child_setup(limits.nice, limits.memory_bytes, limits.output_size_bytes),
+        )
+        assert proc.stdout is not None
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        buf = b""
+        block: dict[str, str] = {}
+        last_write = 0.0
+        try:
+            while True:
+                if stop is not None and stop.is_set():
+                    stopped = "interrupted"
+                    break
+                if time.monotonic() > deadline:
+                    stopped = "timeout"
+                    break
+                if not sel.select(timeout=0.2):
+                    if proc.poll() is not None:
+                        break
+                    continue
+                chunk = os.read(proc.stdout.fileno(), 65536)
+                if not chunk:
+                    break
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for raw in lines:
+                    key, _, value = raw.decode("utf-8", "replace").partition("=")
+                    block[key.strip()] = value.strip()
+                    if key.strip() != "progress":
+                        continue
+                    prog = parse_progress(block, cmd.duration, started)
+                    block = {}
+                    t = time.monotonic()
+                    if prog.done or t - last_write >= PROGRESS_EVERY:
+                        attempt.record("progress.json", prog, durable=False)
+                        last_write = t
+                    if on_progress is not None:
+                        on_progress(prog)
+        finally:
+            sel.close()
+            if stopped is not None or proc.poll() is None:
+                _kill(proc)
+            proc.wait()
+            proc.stdout.close()
+        if stopped:
+            log.write(f"\n[spool] render stopped: {stopped}\n".encode())
+    return RenderOutcome(
+        returncode=proc.returncode,
+        seconds=round(time.monotonic() - started, 3),
+        stopped=stopped,
+        log_tail=tail(attempt.log),
+    )
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def tail(path: os.PathLike[str] | str, lines: int = 12) -> list[str]:
+    """The last lines of a log worth showing a human (FFmpeg's banner skipped)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 16384))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    keep = [ln.rstrip() for ln in text.splitlines() if ln.strip() and not ln.startswith("$ ")]
+    return keep[-lines:]

@@ -1,0 +1,171 @@
+"""Reading the queue: where a job is, how many jobs each state holds, one job's story.
+
+Counting and listing are directory scans and never parse job files, so they
+stay fast on a spool of 100,000 jobs; only what is shown gets parsed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from .model import AttemptRecord, Failure, Job, Manifest, Progress, WorkerRecord, decode
+from .tree import STATES, Tree, visible_names
+
+
+@dataclass(frozen=True)
+class Location:
+    state: str
+    path: Path
+    worker: str | None = None
+
+
+def running_workers(tree: Tree) -> list[str]:
+    """Names of the folders in ``running/`` (one per worker that ever claimed)."""
+    try:
+        with os.scandir(tree.running) as it:
+            return sorted(e.name for e in it if e.is_dir() and not e.name.startswith("."))
+    except FileNotFoundError:
+        return []
+
+
+def locate(tree: Tree, job_id: str) -> Location | None:
+    """The state folder holding ``job_id``, or ``None``. A few stats, no parsing."""
+    for state in ("pending", "complete", "failed"):
+        p = tree.job_file(state, job_id)
+        if p.exists():
+            return Location(state, p)
+    for w in running_workers(tree):
+        p = tree.job_file("running", job_id, w)
+        if p.exists():
+            return Location("running", p, w)
+    return None
+
+
+def locate_all(tree: Tree, job_id: str) -> list[Location]:
+    """Every state folder holding ``job_id``: more than one breaks invariant 1."""
+    found = [
+        Location(s, tree.job_file(s, job_id))
+        for s in ("pending", "complete", "failed")
+        if tree.job_file(s, job_id).exists()
+    ]
+    for w in running_workers(tree):
+        p = tree.job_file("running", job_id, w)
+        if p.exists():
+            found.append(Location("running", p, w))
+    return found
+
+
+def job_ids(tree: Tree, state: str) -> list[tuple[str, str | None]]:
+    """(job ID, worker) of every job in a state, from names alone."""
+    if state == "running":
+        return [(n[:-5], w) for w in running_workers(tree) for n in visible_names(tree.running_dir(w))]
+    if state == "rejected":
+        return [(n[:-5], None) for n in visible_names(tree.rejected) if not n.endswith(".error.json")]
+    return [(n[:-5], None) for n in visible_names(tree.root / state)]
+
+
+def count(folder: Path, skip_suffix: str | None = None) -> int:
+    return sum(1 for n in visible_names(folder) if not (skip_suffix and n.endswith(skip_suffix)))
+
+
+def counts(tree: Tree) -> dict[str, int]:
+    """Jobs per state (and rejections), by directory scans only."""
+    out = {s: count(tree.root / s) for s in STATES if s != "running"}
+    out["running"] = sum(count(tree.running_dir(w)) for w in running_workers(tree))
+    out["rejected"] = count(tree.rejected, skip_suffix=".error.json")
+    out["incoming"] = count(tree.incoming)
+    return {k: out[k] for k in ("incoming", "pending", "running", "complete", "failed", "rejected")}
+
+
+def read(path: Path, typ: type[Any]) -> Any:
+    """A record, or ``None`` if the file is missing or unreadable (never raises)."""
+    try:
+        return decode(path.read_bytes(), typ)
+    except (OSError, msgspec.DecodeError):
+        return None
+
+
+def load_job(tree: Tree, job_id: str) -> tuple[Job, Location] | None:
+    loc = locate(tree, job_id)
+    if loc is None:
+        return None
+    job = read(loc.path, Job)
+    return (job, loc) if job is not None else None
+
+
+def attempt_numbers(tree: Tree, job_id: str) -> list[int]:
+    try:
+        with os.scandir(tree.job_attempts(job_id)) as it:
+            return sorted(int(e.name) for e in it if e.name.isdigit())
+    except FileNotFoundError:
+        return []
+
+
+def attempt_summary(tree: Tree, job_id: str, n: int) -> dict[str, Any]:
+    """One attempt as ``spool show`` reports it: who, when, and how it ended."""
+    d = tree.attempt_dir(job_id, n)
+    rec = read(d / "attempt.json", AttemptRecord)
+    failure = read(d / "failure.json", Failure)
+    result = read(d / "result.json", Manifest)
+    progress = read(d / "progress.json", Progress)
+    if result is not None:
+        outcome = "published"
+    elif failure is not None:
+        outcome = f"failed at {failure.stage}"
+    elif (d / "interrupted.json").exists():
+        outcome = "interrupted"
+    else:
+        outcome = "running or abandoned"
+    return {
+        "n": n,
+        "dir": tree.relative(d),
+        "worker": rec.worker if rec else None,
+        "claimed_at": rec.claimed_at if rec else None,
+        "outcome": outcome,
+        "progress": progress,
+        "failure": failure,
+    }
+
+
+def show(tree: Tree, job_id: str) -> dict[str, Any] | None:
+    """Everything ``spool show`` prints about one job (SPEC: job, state,
+    attempts, failure, manifest)."""
+    found = load_job(tree, job_id)
+    if found is None:
+        return None
+    job, loc = found
+    attempts = [attempt_summary(tree, job_id, n) for n in attempt_numbers(tree, job_id)]
+    failure = None
+    if loc.state == "failed":
+        failure = next((a["failure"] for a in reversed(attempts) if a["failure"]), None)
+    manifest = read(tree.manifest_file(job_id), Manifest)
+    return {
+        "job": job,
+        "state": loc.state,
+        "worker": loc.worker,
+        "attempts": attempts,
+        "failure": failure,
+        "manifest": manifest,
+    }
+
+
+def workers(tree: Tree) -> list[WorkerRecord]:
+    out = []
+    for name in visible_names(tree.workers):
+        rec = read(tree.workers / name, WorkerRecord)
+        if rec is not None:
+            out.append(rec)
+    return out
+
+
+def progress_of(tree: Tree, job_id: str) -> Progress | None:
+    nums = attempt_numbers(tree, job_id)
+    if not nums:
+        return None
+    p: Progress | None = read(tree.attempt_dir(job_id, nums[-1]) / "progress.json", Progress)
+    return p

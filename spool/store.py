@@ -1,0 +1,138 @@
+"""The content-addressed store and manifests (SPEC section 5).
+
+Publish order for one validated candidate in ``attempts/J/<n>/work/``:
+
+1. hash it (sha256, so ``sha256sum`` verifies it from a shell);
+2. make it read-only and fsync it, so the bytes are durable before any final
+   name points at them (a link to unflushed data could survive a power cut as
+   a short file: the Nix "hard-linked before written" bug);
+3. hard-link it to ``store/sha256/<aa>/<hash><ext>`` and fsync that folder.
+   ``EEXIST`` means the same content is already published: a no-op. Where the
+   filesystem has no hard links, copy to a hidden temp name in the store
+   folder, fsync, re-hash the copy, then rename it into place.
+
+The manifest that names the store file is written after this (by
+:mod:`spool.execute`), so a manifest can never point at a missing file.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .model import Manifest, PublishedFile, encode
+from .tree import Tree, fsync_dir, make_dirs, temp_name, write_atomic
+
+#: errnos that mean "this filesystem cannot hard-link here": fall back to copying.
+NO_LINKS = frozenset({errno.EXDEV, errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EIO, errno.EMLINK})
+
+_CHUNK = 1 << 20
+
+
+def sha256_file(path: Path) -> tuple[str, int]:
+    """(hex sha256, size in bytes) of a file, read once."""
+    with open(path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    return digest, size
+
+
+@dataclass(frozen=True)
+class Stored:
+    digest: str
+    size: int
+    path: Path
+    method: str  # "link", "copy" or "existing"
+
+
+def publish(tree: Tree, candidate: Path, ext: str, *, prefer_link: bool = True) -> Stored:
+    """Put a validated file into the store; idempotent for equal content."""
+    digest, size = sha256_file(candidate)
+    final = tree.store_file(digest, ext)
+    make_dirs(final.parent)
+    if _same_object(final, size):
+        return Stored(digest, size, final, "existing")
+    os.chmod(candidate, 0o444)
+    fd = os.open(candidate, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if prefer_link:
+        try:
+            os.link(candidate, final)
+        except FileExistsError:
+            return Stored(digest, size, final, "existing")
+        except OSError as exc:
+            if exc.errno not in NO_LINKS:
+                raise
+        else:
+            fsync_dir(final.parent)
+            return Stored(digest, size, final, "link")
+    _copy_verified(candidate, final, digest)
+    return Stored(digest, size, final, "copy")
+
+
+def _same_object(final: Path, size: int) -> bool:
+    try:
+        return final.stat().st_size == size
+    except FileNotFoundError:
+        return False
+
+
+def _copy_verified(src: Path, final: Path, digest: str) -> None:
+    tmp = final.parent / temp_name(final.name)
+    try:
+        with open(src, "rb") as fin, open(tmp, "xb") as fout:
+            while chunk := fin.read(_CHUNK):
+                fout.write(chunk)
+            fout.flush()
+            os.fsync(fout.fileno())
+        copied, _ = sha256_file(tmp)
+        if copied != digest:
+            raise OSError(errno.EIO, f"copy into the store does not match sha256 {digest}")
+        os.chmod(tmp, 0o444)
+        os.replace(tmp, final)  # equal content by construction: replacing is harmless
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(final.parent)
+
+
+def published_file(tree: Tree, stored: Stored, file: str, container: str) -> PublishedFile:
+    method = stored.method if stored.method in ("link", "copy") else "existing"
+    return PublishedFile(
+        file=file,
+        sha256=stored.digest,
+        size=stored.size,
+        container=container,
+        store_path=tree.relative(stored.path),
+        method=method,  # type: ignore[arg-type]
+    )
+
+
+def write_manifest(tree: Tree, manifest: Manifest) -> Path:
+    """``manifests/J.json``, read-only, written atomically."""
+    path = tree.manifest_file(manifest.job_id)
+    write_atomic(path, encode(manifest), mode=0o444)
+    return path
+
+
+def verify(tree: Tree, manifest: Manifest) -> str | None:
+    """Re-hash the store file a manifest names; ``None`` if it matches, else why not."""
+    path = tree.root / manifest.output.store_path
+    try:
+        digest, size = sha256_file(path)
+    except FileNotFoundError:
+        return f"{manifest.output.store_path} is missing"
+    if digest != manifest.output.sha256:
+        return f"{manifest.output.store_path} has sha256 {digest}, manifest says {manifest.output.sha256}"
+    if size != manifest.output.size:
+        return f"{manifest.output.store_path} has {size} bytes, manifest says {manifest.output.size}"
+    return None

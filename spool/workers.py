@@ -1,0 +1,103 @@
+"""Worker identity and heartbeats: ``workers/<worker>.json``.
+
+A worker is one daemon process, named ``<host>-<name>``. Exactly one live
+process may hold an identity: it takes an exclusive lock on
+``workers/.<worker>.lock``. Locks are trustworthy between processes of one
+host (nas.md: even on sshfs and NFS mounts they block a second local process),
+and the host is part of the name, so no other host ever contends for it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import IO
+
+import portalocker
+
+from .errors import SpoolError
+from .model import WorkerRecord, encode, now
+from .tree import HOST, Tree, boot_id, write_atomic
+
+
+def worker_id(name: str) -> str:
+    """The identity of the worker ``name`` on this host."""
+    return name if name.startswith(f"{HOST}-") else f"{HOST}-{name}"
+
+
+class IdentityTaken(SpoolError):
+    pass
+
+
+@dataclass
+class Identity:
+    """Holds the identity lock for as long as the daemon lives."""
+
+    tree: Tree
+    worker: str
+    _file: IO[bytes] | None = field(default=None, repr=False)
+
+    def acquire(self) -> None:
+        path = self.tree.worker_lock(self.worker)
+        f = open(path, "a+b")  # noqa: SIM115 - held open for the daemon's life
+        try:
+            portalocker.lock(f, portalocker.LOCK_EX | portalocker.LOCK_NB)
+        except portalocker.LockException:
+            f.close()
+            raise IdentityTaken(
+                f"worker {self.worker} is already running on this host (lock {path} is held)"
+            ) from None
+        self._file = f
+
+    def release(self) -> None:
+        if self._file is not None:
+            portalocker.unlock(self._file)
+            self._file.close()
+            self._file = None
+
+
+class Heartbeat:
+    """Writes ``workers/<worker>.json``; ``beat()`` refreshes it."""
+
+    def __init__(self, tree: Tree, worker: str, max_active: int, temp_disk_limit: int) -> None:
+        self.tree = tree
+        self.rec = WorkerRecord(
+            worker=worker,
+            host=HOST,
+            pid=os.getpid(),
+            boot_id=boot_id(),
+            started_at=now(),
+            heartbeat_at=now(),
+            beats=0,
+            max_active=max_active,
+            temp_disk_limit=temp_disk_limit,
+            version=_version(),
+        )
+
+    def beat(
+        self,
+        *,
+        active: list[str] | None = None,
+        state: str | None = None,
+        temp_disk_reserved: int | None = None,
+    ) -> WorkerRecord:
+        r = self.rec
+        r.beats += 1
+        r.heartbeat_at = now()
+        if active is not None:
+            r.active = sorted(active)
+        if state is not None:
+            r.state = state  # type: ignore[assignment]
+        if temp_disk_reserved is not None:
+            r.temp_disk_reserved = temp_disk_reserved
+        write_atomic(self.tree.worker_file(r.worker), encode(r))
+        return r
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("spool")
+    except Exception:
+        return "unknown"

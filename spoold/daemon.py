@@ -1,0 +1,193 @@
+"""The daemon loop: accept drops, claim into free slots, run, heartbeat, stop well.
+
+One loop iteration:
+
+1. accept what finished arriving in ``incoming/`` (never dies on bad input);
+2. claim pending jobs, best first, into free render slots (``max_active``);
+3. refresh the heartbeat when it is due;
+4. sleep until inotify, a finished render, a signal or the poll timer wakes it.
+
+Stopping (SIGTERM or SIGINT): stop claiming at once; running renders get
+``stop_grace`` seconds to finish, then are interrupted, recorded as
+interrupted, and their jobs go back to ``pending/``. A second signal
+interrupts them at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from types import FrameType
+
+from spool import accept, claim, recover
+from spool.config import Config
+from spool.events import Journal
+from spool.execute import Context, execute
+from spool.faults import crashpoint
+from spool.status import count
+from spool.tree import Tree, make_dirs, visible_names
+from spool.workers import Heartbeat, Identity
+
+from .watcher import Watcher
+
+log = logging.getLogger("spoold")
+
+
+class Daemon:
+    def __init__(self, tree: Tree, cfg: Config, worker: str, *, drain: bool = False) -> None:
+        self.tree = tree
+        self.cfg = cfg
+        self.worker = worker
+        self.drain = drain
+        self.wake = threading.Event()
+        self.interrupt = threading.Event()
+        self.stopping = False
+        self.stop_deadline = 0.0
+        self.journal = Journal(tree, worker)
+        self.ctx = Context(tree, cfg, worker, self.journal, self.interrupt)
+        self.index = claim.PendingIndex(tree)
+        self.slots: dict[str, threading.Thread] = {}
+        self.identity = Identity(tree, worker)
+        self.heartbeat = Heartbeat(tree, worker, cfg.limits.max_active, cfg.limits.temp_disk_bytes)
+        self.watcher = Watcher([tree.incoming, tree.pending], self.wake)
+        self._signals = 0
+        self._next_beat = 0.0
+        self._next_scan = 0.0
+
+    # -- lifecycle ---------------------------------------------------------------
+    def run(self) -> int:
+        """Run until drained or stopped; the exit status for the process."""
+        self.identity.acquire()
+        try:
+            return self._run()
+        finally:
+            self.identity.release()
+
+    def _run(self) -> int:
+        make_dirs(self.tree.running_dir(self.worker))
+        self._install_signals()
+        self.heartbeat.beat(state="running", active=[])
+        watching = self.cfg.daemon.watch != "poll" and self.watcher.start()
+        log.info(
+            "worker %s started on %s (max_active %d, %s)",
+            self.worker,
+            self.tree.root,
+            self.cfg.limits.max_active,
+            "inotify + polling" if watching else "polling",
+        )
+        for outcome in recover.adopt(self.ctx):
+            log.info("adopted %s: %s -> %s", outcome.job_id, outcome.decision, outcome.to_state)
+        try:
+            while True:
+                try:
+                    if not self._step():
+                        break
+                except Exception:
+                    # A transient I/O error (a NAS hiccup, a full disk) must not
+                    # kill the daemon: log it, wait a poll interval, try again.
+                    log.exception("loop step failed; retrying in %.1f s", self.cfg.daemon.poll_interval)
+                    time.sleep(self.cfg.daemon.poll_interval)
+        finally:
+            self.watcher.stop()
+            if self.slots:
+                self.interrupt.set()
+            for t in list(self.slots.values()):
+                t.join()
+            self.heartbeat.beat(active=[], state="stopped")
+            log.info("worker %s stopped", self.worker)
+        return 0
+
+    def _step(self) -> bool:
+        """One iteration of the loop; ``False`` when the daemon should exit."""
+        self._reap()
+        now = time.monotonic()
+        if self.stopping:
+            if not self.slots:
+                return False
+            if now >= self.stop_deadline and not self.interrupt.is_set():
+                log.info("grace period over: interrupting %d render(s)", len(self.slots))
+                self.interrupt.set()
+        else:
+            woke = self.wake.is_set()
+            self.wake.clear()
+            accepted = self._accept()
+            if woke or accepted or now >= self._next_scan:
+                self.index.refresh()
+                self._next_scan = now + self.cfg.daemon.poll_interval
+            self._fill_slots()
+            if self.drain and self._drained():
+                log.info("drained: nothing pending, running or arriving")
+                return False
+        if now >= self._next_beat:
+            self.heartbeat.beat(active=list(self.slots), state="stopping" if self.stopping else "running")
+            self._next_beat = now + self.cfg.daemon.heartbeat_interval
+        self.wake.wait(timeout=0.5 if self.stopping else self.cfg.daemon.poll_interval)
+        return True
+
+    # -- steps -------------------------------------------------------------------------
+    def _accept(self) -> int:
+        try:
+            outcomes = accept.accept_incoming(self.tree, self.cfg, self.worker, self.journal)
+        except Exception:  # the daemon never dies on input; log and carry on
+            log.exception("accepting from incoming/ failed")
+            return 0
+        for o in outcomes:
+            if isinstance(o, accept.Rejected):
+                log.warning("rejected %s: %s", o.path.name, o.error)
+            else:
+                log.info("accepted %s", o.job.job_id)
+        return len(outcomes)
+
+    def _fill_slots(self) -> None:
+        free = self.cfg.limits.max_active - len(self.slots)
+        if free <= 0:
+            return
+        for jid in self.index.ordered():
+            if free <= 0 or self.stopping:
+                break
+            self.index.discard(jid)  # either ours now, or somebody else's
+            if not claim.claim(self.tree, self.worker, jid):
+                continue
+            crashpoint("after_claim")
+            t = threading.Thread(target=self._run_job, args=(jid,), name=f"job-{jid}", daemon=True)
+            self.slots[jid] = t
+            t.start()
+            free -= 1
+
+    def _run_job(self, jid: str) -> None:
+        try:
+            outcome = execute(self.ctx, jid)
+            log.info("%s: %s", jid, outcome)
+        except Exception:
+            # A bug, not bad input: leave the job in running/ for recovery at restart.
+            log.exception("%s: attempt crashed; left in running/%s for recovery", jid, self.worker)
+        finally:
+            self.wake.set()
+
+    def _reap(self) -> None:
+        for jid, t in list(self.slots.items()):
+            if not t.is_alive():
+                del self.slots[jid]
+
+    def _drained(self) -> bool:
+        if self.slots or len(self.index):
+            return False
+        if any(True for _ in visible_names(self.tree.incoming)):
+            return False
+        return count(self.tree.pending) == 0
+
+    # -- signals ----------------------------------------------------------------------
+    def _install_signals(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signals += 1
+        if self._signals == 1:
+            self.stopping = True
+            self.stop_deadline = time.monotonic() + self.cfg.daemon.stop_grace
+        else:
+            self.interrupt.set()
+        self.wake.set()

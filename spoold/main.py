@@ -1,0 +1,59 @@
+"""``spoold run``: the daemon's command line (systemd runs it in the foreground)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from spool import config
+from spool.errors import SpoolError
+from spool.tree import Tree
+from spool.workers import worker_id
+
+from .daemon import Daemon
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="The spool render daemon.")
+
+
+@app.callback()
+def _root() -> None:
+    """The spool render daemon."""
+
+
+@app.command()
+def run(
+    spool: Annotated[Path, typer.Option(envvar="SPOOL_DIR", help="The spool folder.")],
+    worker: Annotated[
+        str, typer.Option(envvar="SPOOL_WORKER", help="Worker name; the identity is <host>-NAME.")
+    ] = "w1",
+    drain: Annotated[bool, typer.Option(help="Exit 0 once nothing is pending, running or arriving.")] = False,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+) -> None:
+    """Claim, render, validate and publish jobs until stopped (or drained)."""
+    logging.basicConfig(
+        level=getattr(logging, log_level.upper(), logging.INFO),
+        stream=sys.stderr,
+        # journald adds time and unit; a terminal user still wants the time.
+        format="%(levelname)s %(name)s: %(message)s"
+        if os.environ.get("INVOCATION_ID")
+        else "%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    tree = Tree.at(spool)
+    try:
+        if not tree.is_spool():
+            raise SpoolError(f"{spool} is not a spool (run: spool init {spool})")
+        cfg = config.load(tree.config_file)
+        code = Daemon(tree, cfg, worker_id(worker), drain=drain).run()
+    except SpoolError as exc:
+        typer.echo(f"spoold: {exc}", err=True)
+        raise typer.Exit(exc.exit_code) from None
+    raise typer.Exit(code)
+
+
+def main() -> None:
+    app()
