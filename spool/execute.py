@@ -34,7 +34,7 @@ from .config import Config
 from .errors import LostOwnership
 from .events import Journal
 from .faults import crashpoint
-from .model import AttemptRecord, Failure, Job, Manifest, SourceDigest, Stage, decode, encode, now
+from .model import AttemptRecord, Failure, Job, Manifest, Progress, SourceDigest, Stage, decode, encode, now
 from .status import read
 from .tree import Tree, write_atomic
 from .validate import validate
@@ -166,10 +166,10 @@ def _render(ctx: Context, job: Job, attempt: Attempt) -> tuple[Path, float]:
     cmd = recipe.command(job.recipe, {s.role: s for s in job.sources}, job.output.file, ctx.cfg.render)
     first = [True]
 
-    def on_progress(_: object) -> None:
-        if first[0]:
+    def on_progress(p: Progress) -> None:
+        if first[0] and not p.done and (attempt.work / job.output.file).exists():
             first[0] = False
-            crashpoint("mid_render")
+            crashpoint("mid_render")  # FFmpeg has written part of the output
 
     out = render.run(cmd, attempt, ctx.cfg.limits, stop=ctx.stop, on_progress=on_progress)
     if out.stopped == "interrupted":

@@ -1,0 +1,230 @@
+"""Shared fixtures: real media made by FFmpeg once per session, real spools in tmp.
+
+Nothing here mocks the filesystem or FFmpeg. Media is small (320x240, 2 s) so
+a render takes a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spool import config, samples
+from spool.events import Journal
+from spool.tree import Tree
+
+# tools/ holds the independent invariant checker the tests share with the harnesses.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+BIN = Path(sys.executable).parent
+SPOOL = str(BIN / "spool")
+SPOOLD = str(BIN / "spoold")
+
+TAGS = {"campaign": "mug", "locale": "en-GB", "asset_type": "ad", "visibility": "internal"}
+
+
+@pytest.fixture(scope="session")
+def media(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Source media shared by every test (read-only by convention: copy before changing)."""
+    d = tmp_path_factory.mktemp("media")
+    return {
+        "clip": samples.clip(d / "clip.mp4", seconds=2.0, size="320x240", rate=25),
+        "silent": samples.clip(d / "silent.mp4", seconds=2.0, size="320x240", rate=25, audio=False),
+        "logo": samples.logo(d / "logo.png", size="80x40"),
+        "music": samples.music(d / "music.m4a", seconds=3.0),
+    }
+
+
+@pytest.fixture()
+def assets(tmp_path: Path, media: dict[str, Path]) -> Path:
+    """A per-test asset root holding copies of the session media."""
+    root = tmp_path / "assets"
+    root.mkdir()
+    for p in media.values():
+        shutil.copyfile(p, root / p.name)
+    return root
+
+
+@pytest.fixture()
+def tree(tmp_path: Path, assets: Path) -> Tree:
+    """A fresh spool whose asset root is ``assets``; fast settings for tests."""
+    t = Tree.at(tmp_path / "spool")
+    t.create()
+    text = config.template([str(assets)])
+    text = text.replace("poll_interval = 2.0", "poll_interval = 0.2")
+    text = text.replace("heartbeat_interval = 5.0", "heartbeat_interval = 0.5")
+    t.config_file.write_text(text)
+    return t
+
+
+@pytest.fixture()
+def cfg(tree: Tree) -> config.Config:
+    return config.load(tree.config_file)
+
+
+@pytest.fixture()
+def journal(tree: Tree) -> Journal:
+    return Journal(tree, "test")
+
+
+def submission(assets: Path, name: str = "mug-ad", **over: Any) -> dict[str, Any]:
+    """A valid, small submission; keyword arguments replace top-level fields."""
+    sub: dict[str, Any] = {
+        "name": name,
+        "sources": {
+            "clip": str(assets / "clip.mp4"),
+            "logo": str(assets / "logo.png"),
+            "music": str(assets / "music.m4a"),
+        },
+        "recipe": {
+            "input": "clip",
+            "steps": [
+                {"op": "trim", "start": 0.2, "duration": 1.0},
+                {"op": "fit", "width": 192, "height": 108, "mode": "pad"},
+                {"op": "overlay", "source": "logo", "position": "top-right", "scale": 0.2},
+                {"op": "text", "text": "Only £9.99", "size": 14, "box": True},
+                {"op": "audio", "mode": "mix", "source": "music"},
+                {"op": "encode", "container": "mp4", "video_codec": "h264", "preset": "ultrafast"},
+            ],
+        },
+        "tags": dict(TAGS),
+    }
+    sub.update(copy.deepcopy(over))
+    return sub
+
+
+def minimal(
+    assets: Path, name: str = "plain", steps: list[dict[str, Any]] | None = None, **over: Any
+) -> dict[str, Any]:
+    """A one-source submission with only the given steps (default: a short trim)."""
+    sub: dict[str, Any] = {
+        "name": name,
+        "sources": {"clip": str(assets / "clip.mp4")},
+        "recipe": {
+            "input": "clip",
+            "steps": steps
+            or [
+                {"op": "trim", "duration": 0.6},
+                {"op": "encode", "preset": "ultrafast"},
+            ],
+        },
+        "tags": dict(TAGS),
+    }
+    sub.update(copy.deepcopy(over))
+    return sub
+
+
+def write_json(path: Path, value: Any) -> Path:
+    path.write_text(json.dumps(value, ensure_ascii=False))
+    return path
+
+
+def run_cli(
+    *args: str, spool: Tree | None = None, check: bool = False, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the real ``spool`` command."""
+    full = [SPOOL, *args]
+    if spool is not None:
+        full += ["--spool", str(spool.root)]
+    proc = subprocess.run(
+        full, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=120
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{full} exited {proc.returncode}: {proc.stderr}")
+    return proc
+
+
+class Daemon:
+    """A real ``spoold run`` process."""
+
+    def __init__(
+        self,
+        tree: Tree,
+        worker: str,
+        *,
+        drain: bool = False,
+        env: dict[str, str] | None = None,
+        log: Path | None = None,
+    ) -> None:
+        args = [SPOOLD, "run", "--spool", str(tree.root), "--worker", worker, "--log-level", "debug"]
+        if drain:
+            args.append("--drain")
+        self.log = log or tree.root.parent / f"spoold-{worker}.log"
+        self._logf = open(self.log, "ab")  # noqa: SIM115 - closed in wait()
+        self.proc = subprocess.Popen(
+            args,
+            stdout=self._logf,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+
+    def wait(self, timeout: float = 120) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            self._logf.close()
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        """SIGKILL the daemon and everything it started."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.wait()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@pytest.fixture()
+def daemons() -> Iterator[Callable[..., Daemon]]:
+    """Start real daemons; any still running at the end of the test are killed."""
+    started: list[Daemon] = []
+
+    def start(tree: Tree, worker: str = "w1", **kw: Any) -> Daemon:
+        d = Daemon(tree, worker, **kw)
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        if d.alive():
+            d.kill()
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.05) -> Any:
+    """Poll until ``predicate()`` is truthy; fail the test on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {predicate}")
+
+
+def state_files(tree: Tree) -> dict[str, list[str]]:
+    """Every job file by state, straight from the folders (an independent view)."""
+    out: dict[str, list[str]] = {}
+    for state in ("pending", "complete", "failed"):
+        out[state] = sorted(p.name for p in (tree.root / state).glob("*.json"))
+    out["running"] = sorted(p.name for p in tree.running.glob("*/*.json"))
+    return out

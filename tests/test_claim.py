@@ -1,0 +1,96 @@
+"""Claiming: exactly one winner, the lost-reply check, claim order."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+from pathlib import Path
+
+from conftest import minimal
+
+from spool import accept, claim
+from spool.tree import Tree
+
+ROUNDS = 200
+
+
+def _racer(root: str, worker: str, barrier, jobs: list[str], results) -> None:  # type: ignore[no-untyped-def]
+    tree = Tree.at(root)
+    won = []
+    for jid in jobs:
+        barrier.wait()
+        if claim.claim(tree, worker, jid):
+            won.append(jid)
+    results.put((worker, won))
+
+
+def test_second_worker_loses_claim_in_every_round(tmp_path: Path):
+    tree = Tree.at(tmp_path / "spool")
+    tree.create()
+    jobs = [f"race-{i}@1" for i in range(ROUNDS)]
+    for jid in jobs:
+        (tree.pending / f"{jid}.json").write_text("{}")
+    ctx = mp.get_context("fork")
+    barrier = ctx.Barrier(2)
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_racer, args=(str(tree.root), w, barrier, jobs, results)) for w in ("a", "b")]
+    for p in procs:
+        p.start()
+    won = dict(results.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    assert set(won["a"]).isdisjoint(won["b"]), "two workers won the same claim"
+    assert sorted(won["a"] + won["b"]) == sorted(jobs), "a job was claimed by nobody"
+    for jid in jobs:
+        places = [
+            p
+            for p in (
+                tree.running / "a" / f"{jid}.json",
+                tree.running / "b" / f"{jid}.json",
+                tree.pending / f"{jid}.json",
+            )
+            if p.exists()
+        ]
+        assert len(places) == 1
+
+
+def test_lost_rename_reply_is_recognised_as_our_claim(tmp_path: Path):
+    """On NFS a successful rename can report ENOENT; the claim then checks the destination."""
+    tree = Tree.at(tmp_path / "spool")
+    tree.create()
+    (tree.running / "w1").mkdir()
+    # The rename already happened (its reply was lost): the source is gone, the file is ours.
+    (tree.running / "w1" / "job@1.json").write_text("{}")
+    assert claim.claim(tree, "w1", "job@1") is True
+    # ...but a file that went to somebody else is not ours.
+    (tree.running / "w2").mkdir()
+    (tree.running / "w2" / "other@1.json").write_text("{}")
+    assert claim.claim(tree, "w1", "other@1") is False
+
+
+def test_move_fails_for_a_worker_that_lost_the_job(tmp_path: Path):
+    tree = Tree.at(tmp_path / "spool")
+    tree.create()
+    (tree.running / "w2").mkdir(parents=True)
+    (tree.running / "w2" / "j@1.json").write_text("{}")  # recovered away to w2
+    assert claim.move(tree, "w1", "j@1", "complete") is False
+    assert not (tree.complete / "j@1.json").exists()
+    assert claim.owns(tree, "w2", "j@1") and not claim.owns(tree, "w1", "j@1")
+
+
+def test_claim_order_is_priority_then_submission_time(tree, cfg, assets):
+    ids = []
+    for name, prio in [("low-a", 0), ("high", 10), ("low-b", 0), ("urgent", 50), ("neg", -5)]:
+        job = accept.accept_bytes(
+            tree, cfg, json.dumps(minimal(assets, name=name, priority=prio)).encode(), "t"
+        )
+        ids.append(job.job_id)
+    index = claim.PendingIndex(tree)
+    assert index.refresh() == 5
+    assert index.ordered() == ["urgent@1", "high@1", "low-a@1", "low-b@1", "neg@1"]
+    index.discard("urgent@1")
+    assert index.ordered()[0] == "high@1"
+    # A job that leaves pending/ disappears from the index on the next scan.
+    assert claim.claim(tree, "w1", "high@1")
+    index.refresh()
+    assert "high@1" not in index.ordered()

@@ -1,0 +1,183 @@
+"""The real daemon, as real processes: claiming once, draining, stopping well."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from conftest import minimal, run_cli, state_files, wait_for, write_json
+
+from spool import samples
+from spool.tree import Tree
+
+
+def _events(tree: Tree) -> list[dict]:
+    out = []
+    for f in sorted(tree.events.glob("*.jsonl")):
+        out += [json.loads(line) for line in f.read_text().splitlines()]
+    return sorted(out, key=lambda e: e["ts"])
+
+
+def _set(tree: Tree, old: str, new: str) -> None:
+    text = tree.config_file.read_text()
+    assert old in text
+    tree.config_file.write_text(text.replace(old, new))
+
+
+def test_two_daemons_started_together_make_exactly_one_attempt(tree, assets, daemons):
+    run_cli(
+        "submit",
+        str(write_json(tree.root.parent / "one.json", minimal(assets, name="one"))),
+        spool=tree,
+        check=True,
+    )
+    a = daemons(tree, "a", drain=True)
+    b = daemons(tree, "b", drain=True)
+    assert a.wait() == 0 and b.wait() == 0
+    attempts = sorted(p.name for p in tree.job_attempts("one@1").iterdir() if p.name.isdigit())
+    assert attempts == ["1"]
+    assert state_files(tree) == {"pending": [], "complete": ["one@1.json"], "failed": [], "running": []}
+    claims = [e for e in _events(tree) if e["to"] == "running"]
+    assert len(claims) == 1
+
+
+def test_drain_runs_everything_within_max_active(tree, assets, daemons):
+    _set(tree, "max_active = 2", "max_active = 2")
+    for i in range(5):
+        write_json(tree.incoming / f"job-{i}.json", minimal(assets, name=f"job-{i}"))
+    d = daemons(tree, "w1", drain=True)
+    assert d.wait() == 0, d.output()
+    assert len(state_files(tree)["complete"]) == 5
+    running = peak = 0
+    for e in _events(tree):
+        if e["to"] == "running":
+            running += 1
+        elif e.get("from") == "running":
+            running -= 1
+        peak = max(peak, running)
+    assert peak <= 2
+    assert peak == 2, "two slots were never used at once"
+
+
+def test_priority_decides_what_runs_first(tree, assets, daemons):
+    _set(tree, "max_active = 2", "max_active = 1")
+    for name, prio in [("later", 0), ("sooner", 100), ("last", -100), ("middle", 10)]:
+        run_cli(
+            "submit",
+            str(write_json(tree.root.parent / f"{name}.json", minimal(assets, name=name, priority=prio))),
+            spool=tree,
+            check=True,
+        )
+    d = daemons(tree, "w1", drain=True)
+    assert d.wait() == 0
+    order = [e["job"] for e in _events(tree) if e["to"] == "running"]
+    assert order == ["sooner@1", "middle@1", "later@1", "last@1"]
+
+
+def test_a_worker_identity_runs_once_per_host(tree, daemons):
+    first = daemons(tree, "same")
+    wait_for(lambda: tree.worker_file(f"{_host()}-same").exists())
+    second = daemons(tree, "same")
+    assert second.wait(timeout=30) != 0
+    assert "already running" in second.output()
+    assert first.alive()
+    first.signal(signal.SIGTERM)
+    assert first.wait() == 0
+
+
+def _host() -> str:
+    from spool.tree import HOST
+
+    return HOST
+
+
+def test_heartbeat_and_worker_record(tree, daemons):
+    d = daemons(tree, "hb")
+    wf = tree.worker_file(f"{_host()}-hb")
+    first = wait_for(lambda: wf.exists() and json.loads(wf.read_text()))
+    second = wait_for(lambda: (r := json.loads(wf.read_text()))["beats"] > first["beats"] + 1 and r)
+    assert second["pid"] == d.proc.pid and second["boot_id"] and second["host"] == _host()
+    assert second["heartbeat_at"] > first["heartbeat_at"]
+    d.signal(signal.SIGTERM)
+    assert d.wait() == 0
+    assert json.loads(wf.read_text())["state"] == "stopped"
+
+
+@pytest.fixture()
+def long_clip(assets: Path) -> Path:
+    """A source long enough that a render is still running when the test acts."""
+    return samples.clip(assets / "long.mp4", seconds=30.0, size="640x360", rate=25)
+
+
+def _slow(assets: Path, name: str, seconds: float = 30.0) -> dict:
+    return minimal(
+        assets,
+        name=name,
+        sources={"clip": str(assets / "long.mp4")},
+        steps=[
+            {"op": "trim", "duration": seconds},
+            {"op": "fit", "width": 1920, "height": 1080},
+            {"op": "encode", "preset": "slow", "crf": 18},
+        ],
+    )
+
+
+def _wait_rendering(tree: Tree, jid: str) -> None:
+    prog = tree.attempt_dir(jid, 1) / "progress.json"
+    wait_for(lambda: prog.exists() and (json.loads(prog.read_text())["percent"] or 0) > 0, timeout=60)
+
+
+def test_sigterm_lets_a_render_finish_within_the_grace_period(tree, assets, long_clip, daemons):
+    _set(tree, "stop_grace = 30.0", "stop_grace = 120.0")
+    run_cli(
+        "submit",
+        str(write_json(tree.root.parent / "s.json", _slow(assets, "graceful", seconds=3.0))),
+        spool=tree,
+        check=True,
+    )
+    d = daemons(tree, "w1")
+    _wait_rendering(tree, "graceful@1")
+    d.signal(signal.SIGTERM)
+    assert d.wait(timeout=180) == 0
+    assert state_files(tree)["complete"] == ["graceful@1.json"]
+
+
+def test_grace_over_interrupts_records_and_returns_the_job(tree, assets, long_clip, daemons):
+    _set(tree, "stop_grace = 30.0", "stop_grace = 0.5")
+    run_cli(
+        "submit",
+        str(write_json(tree.root.parent / "s.json", _slow(assets, "cut-short"))),
+        spool=tree,
+        check=True,
+    )
+    d = daemons(tree, "w1")
+    _wait_rendering(tree, "cut-short@1")
+    t0 = time.monotonic()
+    d.signal(signal.SIGTERM)
+    assert d.wait(timeout=60) == 0
+    assert time.monotonic() - t0 < 15
+    assert state_files(tree)["pending"] == ["cut-short@1.json"]
+    att = tree.attempt_dir("cut-short@1", 1)
+    assert json.loads((att / "interrupted.json").read_text())["reason"]
+    assert (att / "attempt.json").exists() and (att / "ffmpeg.log").exists()
+    assert not tree.manifest_file("cut-short@1").exists()
+    assert not any(p.is_file() for p in tree.store.rglob("*"))
+
+
+def test_second_sigterm_interrupts_at_once(tree, assets, long_clip, daemons):
+    _set(tree, "stop_grace = 30.0", "stop_grace = 600.0")
+    run_cli(
+        "submit", str(write_json(tree.root.parent / "s.json", _slow(assets, "twice"))), spool=tree, check=True
+    )
+    d = daemons(tree, "w1")
+    _wait_rendering(tree, "twice@1")
+    d.signal(signal.SIGTERM)
+    time.sleep(0.5)
+    assert d.alive()
+    d.signal(signal.SIGTERM)
+    assert d.wait(timeout=30) == 0
+    assert state_files(tree)["pending"] == ["twice@1.json"]
+    assert (tree.attempt_dir("twice@1", 1) / "interrupted.json").exists()

@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""An independent checker of SPEC section 11, written against the files alone.
+
+It imports nothing from spool (standard library only) so that a bug in
+spool's own code cannot hide a broken invariant from it. The torture
+harness and the tests run it; ``python3 tools/invariants.py SPOOL`` prints
+the problems and exits 1 if there are any.
+
+``settled=True`` (the default) checks a spool with no process running: every
+job must then be pending, complete or failed. ``settled=False`` checks a
+snapshot taken while daemons may be dead mid-transition (after a SIGKILL),
+where running jobs are allowed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import stat
+import sys
+from pathlib import Path
+
+STATES = ("pending", "complete", "failed")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _jobs(folder: Path) -> set[str]:
+    if not folder.is_dir():
+        return set()
+    return {p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json") and not p.name.startswith(".")}
+
+
+def _job_file(root: Path, jid: str, states: list[str]) -> dict | None:
+    state = states[0]
+    path = root / state / f"{jid}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def check(root: Path, *, settled: bool = True) -> list[str]:
+    """Every broken invariant found in the spool at ``root``, one line each."""
+    problems: list[str] = []
+    where: dict[str, list[str]] = {}
+    for state in STATES:
+        for jid in _jobs(root / state):
+            where.setdefault(jid, []).append(state)
+    running = root / "running"
+    if running.is_dir():
+        for w in running.iterdir():
+            if w.is_dir():
+                for jid in _jobs(w):
+                    where.setdefault(jid, []).append(f"running/{w.name}")
+
+    # 1. exactly one state per job
+    for jid, states in sorted(where.items()):
+        if len(states) > 1:
+            problems.append(f"invariant 1: {jid} is in {len(states)} states: {', '.join(states)}")
+        if settled and any(s.startswith("running/") for s in states):
+            problems.append(f"invariant 8: {jid} is still running after recovery ({states[0]})")
+
+    # 2. final paths hold only whole, validated files
+    store = root / "store" / "sha256"
+    if store.is_dir():
+        for d in store.iterdir():
+            for f in d.iterdir() if d.is_dir() else []:
+                if f.name.startswith("."):
+                    if settled:
+                        problems.append(f"invariant 2: temporary file left in the store: {f}")
+                    continue
+                digest = f.name.split(".")[0]
+                if _sha256(f) != digest:
+                    problems.append(f"invariant 2: store file {f.name} does not hash to its name")
+                if f.stat().st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
+                    problems.append(f"invariant 2: store file {f.name} is writable")
+
+    # 3. complete => manifest naming a store file with the same hash
+    manifests = root / "manifests"
+    for jid, states in where.items():
+        if "complete" not in states:
+            continue
+        mpath = manifests / f"{jid}.json"
+        try:
+            m = json.loads(mpath.read_text())
+        except (OSError, ValueError):
+            problems.append(f"invariant 3: {jid} is complete without a readable manifest")
+            continue
+        target = root / m["output"]["store_path"]
+        if not target.is_file():
+            problems.append(f"invariant 3: manifest of {jid} names missing {m['output']['store_path']}")
+        elif _sha256(target) != m["output"]["sha256"]:
+            problems.append(f"invariant 3: manifest of {jid} does not match its store file")
+    if manifests.is_dir():
+        for mf in manifests.iterdir():
+            if mf.name.startswith("."):
+                if settled:
+                    problems.append(f"invariant 2: temporary manifest left: {mf.name}")
+                continue
+            jid = mf.name[:-5]
+            try:
+                m = json.loads(mf.read_text())
+            except (OSError, ValueError):
+                problems.append(f"invariant 2: manifest {mf.name} is unreadable")
+                continue
+            if not (root / m["output"]["store_path"]).is_file():
+                problems.append(f"invariant 2: manifest {mf.name} names a missing store file")
+
+    # 4/5/6. attempts: records present, recipe unchanged, failures recorded
+    attempts = root / "attempts"
+    for jid, states in where.items():
+        adir = attempts / jid
+        nums = sorted(int(p.name) for p in adir.iterdir() if p.name.isdigit()) if adir.is_dir() else []
+        job = _job_file(root, jid, states)
+        for n in nums:
+            if not (adir / str(n) / "attempt.json").is_file():
+                problems.append(f"invariant 4: {jid} attempt {n} has no attempt.json")
+            result = adir / str(n) / "result.json"
+            if job is not None and result.is_file():
+                r = json.loads(result.read_text())
+                if r["recipe_hash"] != job["recipe_hash"]:
+                    problems.append(f"invariant 5: {jid} attempt {n} rendered a different recipe")
+                srcs = {s["role"]: s["sha256"] for s in job["sources"]}
+                if {s["role"]: s["sha256"] for s in r["sources"]} != srcs:
+                    problems.append(f"invariant 5: {jid} attempt {n} used different sources")
+        if "failed" in states:
+            has_failure = any((adir / str(n) / "failure.json").is_file() for n in nums)
+            if not has_failure:
+                problems.append(f"invariant 6: {jid} is failed without a failure record")
+            else:
+                last = max(n for n in nums if (adir / str(n) / "failure.json").is_file())
+                rec = json.loads((adir / str(last) / "failure.json").read_text())
+                for key in ("job_id", "attempt", "stage", "property", "next_action"):
+                    if key not in rec:
+                        problems.append(f"invariant 6: failure record of {jid} lacks {key}")
+
+    # 2 (again). partial output only in attempts/*/*/work: nothing half-written elsewhere
+    for state in STATES:
+        folder = root / state
+        if settled and folder.is_dir():
+            for p in folder.iterdir():
+                if p.name.startswith(".") and p.name.endswith(".tmp"):
+                    problems.append(f"invariant 2: temporary file left in {state}/: {p.name}")
+    return problems
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: invariants.py SPOOL", file=sys.stderr)
+        return 2
+    problems = check(Path(argv[1]))
+    for p in problems:
+        print(p)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
