@@ -1,9 +1,4 @@
-"""The ``spool`` command line: parse, call the library, print. Nothing else.
-
-Every command takes ``--spool DIR`` (or ``SPOOL_DIR``, or runs inside a spool
-folder) and ``--json`` for scripts. Exit codes (SPEC section 10): 0 success,
-2 invalid input or rejected, 3 not ready, 4 not found, 1 anything else.
-"""
+"""Queue commands: init, submit, status, ls, show, logs."""
 
 from __future__ import annotations
 
@@ -11,85 +6,17 @@ import getpass
 import os
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
-import msgspec
 import typer
 
-from . import accept, config, status
-from .errors import EXIT_INVALID, InvalidInput, NotFound, SpoolError
-from .events import Journal, cli_writer
-from .tree import Tree, write_atomic
-
-app = typer.Typer(
-    add_completion=False,
-    no_args_is_help=True,
-    help="A filesystem-native render queue: see and steer a spool.",
-)
-
-SpoolOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--spool",
-        envvar="SPOOL_DIR",
-        help="The spool folder (default: SPOOL_DIR, or the current folder).",
-    ),
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
-
-
-# -- helpers -------------------------------------------------------------------------
-
-
-def _tree(spool: Path | None) -> Tree:
-    if spool is None:
-        here = Tree.at(Path.cwd())
-        if here.is_spool():
-            return here
-        raise InvalidInput("--spool", "no spool given; pass --spool DIR or set SPOOL_DIR")
-    tree = Tree.at(spool)
-    if not tree.is_spool():
-        raise NotFound(f"{spool} is not a spool (create one with: spool init {spool})")
-    return tree
-
-
-def _json(value: Any) -> None:
-    sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(value), indent=2) + b"\n")
-
-
-def _fail(exc: SpoolError, as_json: bool) -> typer.Exit:
-    if as_json:
-        _json({"error": str(exc), "exit_code": exc.exit_code})
-    else:
-        typer.echo(f"spool: {exc}", err=True)
-    return typer.Exit(exc.exit_code)
-
-
-def ago(ts: datetime | None) -> str:
-    if ts is None:
-        return "-"
-    s = max(0.0, (datetime.now(UTC) - ts).total_seconds())
-    return human_seconds(s) + " ago"
-
-
-def human_seconds(s: float) -> str:
-    if s < 60:
-        return f"{s:.0f}s"
-    if s < 3600:
-        return f"{s / 60:.0f}m"
-    if s < 86400:
-        return f"{s / 3600:.1f}h"
-    return f"{s / 86400:.1f}d"
-
-
-def _bar(percent: float | None, width: int = 20) -> str:
-    if percent is None:
-        return "[" + "?" * width + "]"
-    filled = round(width * percent / 100)
-    return "[" + "#" * filled + "-" * (width - filled) + "]"
-
+from .. import accept, config, status
+from ..errors import EXIT_INVALID, InvalidInput, NotFound, SpoolError
+from ..events import Journal, cli_writer
+from ..model import Rejection
+from ..tree import Tree, write_atomic
+from .common import JsonOpt, SpoolOpt, app, bar, fail, human_seconds, open_tree, print_json
 
 # -- commands --------------------------------------------------------------------------
 
@@ -114,9 +41,9 @@ def init(
     try:
         config.load(tree.config_file)
     except SpoolError as exc:
-        raise _fail(exc, as_json) from None
+        raise fail(exc, as_json) from None
     if as_json:
-        _json({"spool": str(tree.root), "config_written": wrote})
+        print_json({"spool": str(tree.root), "config_written": wrote})
     else:
         typer.echo(f"spool ready at {tree.root}" + ("" if wrote else " (kept the existing spool.toml)"))
 
@@ -129,10 +56,10 @@ def submit(
 ) -> None:
     """Accept submissions (prints each job ID) or reject them (exit 2 with the reason)."""
     try:
-        tree = _tree(spool)
+        tree = open_tree(spool)
         cfg = config.load(tree.config_file)
     except SpoolError as exc:
-        raise _fail(exc, as_json) from None
+        raise fail(exc, as_json) from None
     journal = Journal(tree, cli_writer())
     user = getpass.getuser()
     results: list[dict[str, Any]] = []
@@ -157,7 +84,7 @@ def submit(
             if not as_json:
                 typer.echo(f"{f}: rejected: {outcome.error}", err=True)
     if as_json:
-        _json(results)
+        print_json(results)
     if rejected:
         raise typer.Exit(EXIT_INVALID)
 
@@ -166,12 +93,12 @@ def submit(
 def status_cmd(spool: SpoolOpt = None, as_json: JsonOpt = False) -> None:
     """Counts per state, running jobs with progress, and what needs attention."""
     try:
-        tree = _tree(spool)
+        tree = open_tree(spool)
     except SpoolError as exc:
-        raise _fail(exc, as_json) from None
+        raise fail(exc, as_json) from None
     report = status_report(tree)
     if as_json:
-        _json(report)
+        print_json(report)
         return
     c = report["counts"]
     typer.echo(f"spool {tree.root}")
@@ -190,7 +117,7 @@ def status_cmd(spool: SpoolOpt = None, as_json: JsonOpt = False) -> None:
             eta = human_seconds(p.eta_seconds) if p.eta_seconds is not None else "?"
             pct = f"{p.percent:5.1f}%" if p.percent is not None else "    ?"
             typer.echo(
-                f"  {r['job_id']:<32} {r['worker']:<20} {_bar(p.percent)} {pct} {fps} {speed} ETA {eta}"
+                f"  {r['job_id']:<32} {r['worker']:<20} {bar(p.percent)} {pct} {fps} {speed} ETA {eta}"
             )
     attention = report["failed"] or report["rejected"]
     if attention:
@@ -231,7 +158,7 @@ def status_report(tree: Tree, attention_limit: int = 10) -> dict[str, Any]:
         )
     rejected = []
     for name in _newest(tree.rejected, attention_limit, suffix=".error.json"):
-        rec = status.read(tree.rejected / f"{name}.error.json", accept.Rejection)
+        rec = status.read(tree.rejected / f"{name}.error.json", Rejection)
         if rec is not None:
             rejected.append({"name": name, "file": rec.file, "reason": rec.reason, "at": rec.rejected_at})
     workers = [
@@ -304,18 +231,18 @@ def ls_cmd(
     """List job IDs (with their state and, when running, their worker)."""
     states = ["pending", "running", "complete", "failed", "rejected"]
     try:
-        tree = _tree(spool)
+        tree = open_tree(spool)
         if state is not None and state not in states:
             raise InvalidInput("STATE", f"{state!r} is not one of {', '.join(states)}")
     except SpoolError as exc:
-        raise _fail(exc, as_json) from None
+        raise fail(exc, as_json) from None
     rows = [
         {"job_id": jid, "state": s, "worker": w}
         for s in ([state] if state else states)
         for jid, w in sorted(status.job_ids(tree, s))
     ]
     if as_json:
-        _json(rows)
+        print_json(rows)
         return
     out = sys.stdout
     for r in rows:
@@ -330,14 +257,14 @@ def show(
 ) -> None:
     """One job: its state, attempts, failure and manifest."""
     try:
-        tree = _tree(spool)
+        tree = open_tree(spool)
         info = status.show(tree, job)
         if info is None:
             raise NotFound(f"no job {job} in {tree.root}")
     except SpoolError as exc:
-        raise _fail(exc, as_json) from None
+        raise fail(exc, as_json) from None
     if as_json:
-        _json(info)
+        print_json(info)
         return
     j = info["job"]
     typer.echo(f"{j.job_id}  {info['state']}" + (f" on {info['worker']}" if info["worker"] else ""))
@@ -373,7 +300,7 @@ def logs(
 ) -> None:
     """Print the FFmpeg log of a job's attempt."""
     try:
-        tree = _tree(spool)
+        tree = open_tree(spool)
         nums = status.attempt_numbers(tree, job)
         if status.locate(tree, job) is None:
             raise NotFound(f"no job {job} in {tree.root}")
@@ -381,7 +308,7 @@ def logs(
         if n is None or n not in nums:
             raise NotFound(f"{job} has no attempt {attempt}" if attempt else f"{job} has not started yet")
     except SpoolError as exc:
-        raise _fail(exc, False) from None
+        raise fail(exc, False) from None
     path = tree.attempt_dir(job, n) / "ffmpeg.log"
     pos = 0
     while True:
@@ -399,11 +326,3 @@ def logs(
         if not follow or loc is None or loc.state != "running":
             break
         time.sleep(0.5)
-
-
-def main() -> None:
-    try:
-        app()
-    except SpoolError as exc:  # anything a command did not catch itself
-        typer.echo(f"spool: {exc}", err=True)
-        sys.exit(exc.exit_code)
