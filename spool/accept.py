@@ -73,9 +73,9 @@ class Submission(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     name: Name
     revision: Revision = 1
     supersedes: str | None = None
-    operation: Literal["render"] = "render"
-    sources: Annotated[dict[recipe.Role, PathText], msgspec.Meta(min_length=1, max_length=32)]
-    recipe: recipe.Recipe
+    operation: Literal["render", "noop"] = "render"
+    sources: Annotated[dict[recipe.Role, PathText], msgspec.Meta(max_length=32)] = {}
+    recipe: recipe.Recipe | None = None
     output: OutputRequest = msgspec.field(default_factory=OutputRequest)
     tags: dict[TagKey, TagValue] = {}
     priority: Annotated[int, msgspec.Meta(ge=-1000, le=1000)] = 0
@@ -121,24 +121,31 @@ def build_job(tree: Tree, cfg: Config, sub: Submission, submitted_by: str) -> Jo
             raise InvalidInput(f"tags.{key}", "is a required tag and is missing or empty")
     if sub.supersedes is not None:
         _check_supersedes(tree, sub, jid)
+    if sub.operation == "noop":
+        return _noop_job(cfg, sub, jid, submitted_by)
+    if sub.recipe is None:
+        raise InvalidInput("recipe", "is required but missing")
+    if not sub.sources:
+        raise InvalidInput("sources", "is required but missing (declare at least the input clip)")
+    rec = sub.recipe
 
     roots = cfg.asset_roots(tree.root)
     resolved = {role: _resolve(role, text, roots) for role, text in sub.sources.items()}
-    unused = sorted(set(resolved) - sub.recipe.roles())
+    unused = sorted(set(resolved) - rec.roles())
     if unused:
         raise InvalidInput(f"sources.{unused[0]}", "is declared but no recipe step uses it; remove it")
     sources = {role: _describe(role, path, cfg) for role, path in resolved.items()}
-    recipe.check(sub.recipe, sources)
+    recipe.check(rec, sources)
 
-    ext = recipe.extension(sub.recipe)
+    ext = recipe.extension(rec)
     out_file = sub.output.file or f"{sub.name}{ext}"
     if not out_file.endswith(ext):
         raise InvalidInput(
             "output.file",
-            f"must end with {ext} to match the {sub.recipe.encode.container} container",
+            f"must end with {ext} to match the {rec.encode.container} container",
         )
     expect = _merge(
-        recipe.default_expect(sub.recipe, sources, cfg.validation.duration_tolerance),
+        recipe.default_expect(rec, sources, cfg.validation.duration_tolerance),
         sub.output.expect,
     )
 
@@ -148,10 +155,36 @@ def build_job(tree: Tree, cfg: Config, sub: Submission, submitted_by: str) -> Jo
         revision=sub.revision,
         supersedes=sub.supersedes,
         operation=sub.operation,
-        recipe=sub.recipe,
-        recipe_hash=recipe_hash(sub.recipe),
+        recipe=rec,
+        recipe_hash=recipe_hash(rec),
         sources=[sources[r] for r in sorted(sources)],
-        output=Output(file=out_file, container=sub.recipe.encode.container, expect=expect),
+        output=Output(file=out_file, container=rec.encode.container, expect=expect),
+        tags=dict(sub.tags),
+        priority=sub.priority,
+        submitted_at=now(),
+        submitted_by=sub.submitted_by or submitted_by,
+    )
+
+
+def _noop_job(cfg: Config, sub: Submission, jid: str, submitted_by: str) -> Job:
+    if not cfg.acceptance.allow_noop:
+        raise InvalidInput(
+            "operation", "noop jobs are for benchmarks and tests; set [acceptance] allow_noop = true"
+        )
+    if sub.sources or sub.recipe is not None:
+        raise InvalidInput(
+            "recipe" if sub.recipe is not None else "sources", "a noop job takes none; remove it"
+        )
+    return Job(
+        job_id=jid,
+        name=sub.name,
+        revision=sub.revision,
+        supersedes=sub.supersedes,
+        operation="noop",
+        recipe=None,
+        recipe_hash=hashlib.sha256(b"null").hexdigest(),
+        sources=[],
+        output=Output(file=sub.output.file or f"{sub.name}.txt", container="txt", expect=Expect()),
         tags=dict(sub.tags),
         priority=sub.priority,
         submitted_at=now(),

@@ -85,6 +85,8 @@ class Acceptance(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         default_factory=lambda: ["campaign", "locale", "asset_type", "visibility"]
     )
     max_submission_bytes: PositiveInt = 1 << 20
+    #: Accept ``"operation": "noop"`` jobs (no media work; benchmarks and tests only).
+    allow_noop: bool = False
 
 
 class Validation(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -172,6 +174,7 @@ output_size = 0         # largest output file FFmpeg may write, e.g. "50GiB"; 0 
 [acceptance]
 required_tags = ["campaign", "locale", "asset_type", "visibility"]
 max_submission_bytes = 1048576
+allow_noop = false         # accept "noop" jobs that do no media work (benchmarks and tests)
 
 [validation]
 decode_check = "sampled"   # full | sampled | none: how much of the output is decoded

@@ -34,7 +34,20 @@ from .config import Config
 from .errors import LostOwnership
 from .events import Journal
 from .faults import crashpoint
-from .model import AttemptRecord, Failure, Job, Manifest, Progress, SourceDigest, Stage, decode, encode, now
+from .model import (
+    AttemptRecord,
+    Check,
+    Failure,
+    Job,
+    Manifest,
+    Progress,
+    SourceDigest,
+    Stage,
+    ValidationReport,
+    decode,
+    encode,
+    now,
+)
 from .status import read
 from .tree import Tree, write_atomic
 from .validate import validate
@@ -96,15 +109,12 @@ def execute(ctx: Context, job_id: str) -> str:
     ctx.journal.record(job_id, "running", from_="pending", attempt=attempt.n, reason="claimed")
     log.info("%s: attempt %d started", job_id, attempt.n)
     try:
-        _prepare(job)
-        candidate, render_seconds = _render(ctx, job, attempt)
-        report = validate(
-            candidate,
-            job.output.container,
-            job.output.expect,
-            ctx.cfg,
-            attempt.dir / "validate.log",
-        )
+        if job.operation == "noop":
+            candidate, render_seconds = _noop(job, attempt), 0.0
+        else:
+            _prepare(job)
+            candidate, render_seconds = _render(ctx, job, attempt)
+        report = check_candidate(ctx.cfg, job, candidate, attempt.dir / "validate.log")
         crashpoint("after_validation")
         if not report.ok:
             bad = report.failed()[0]
@@ -135,6 +145,25 @@ _VALIDATE_ACTION = (
 )
 
 
+def check_candidate(cfg: Config, job: Job, candidate: Path, log_path: Path) -> ValidationReport:
+    """The validation gate for this job's kind of output."""
+    if job.operation == "noop":
+        try:
+            ok = candidate.read_bytes() == job.job_id.encode()
+        except OSError:
+            ok = False
+        check = Check(name="noop", expected=job.job_id, actual="match" if ok else "mismatch", ok=ok)
+        return ValidationReport(ok=ok, decode_check="none", checks=[check], seconds=0.0)
+    return validate(candidate, job.output.container, job.output.expect, cfg, log_path)
+
+
+def _noop(job: Job, attempt: Attempt) -> Path:
+    """The no-op job's "render": a tiny file naming the job (benchmarks and tests)."""
+    out = attempt.work / job.output.file
+    out.write_bytes(job.job_id.encode())
+    return out
+
+
 def _prepare(job: Job) -> None:
     """Re-hash every source: the queue renders what was accepted or nothing."""
     for src in job.sources:
@@ -163,6 +192,7 @@ def _prepare(job: Job) -> None:
 
 
 def _render(ctx: Context, job: Job, attempt: Attempt) -> tuple[Path, float]:
+    assert job.recipe is not None
     cmd = recipe.command(job.recipe, {s.role: s for s in job.sources}, job.output.file, ctx.cfg.render)
     first = [True]
 
@@ -217,7 +247,7 @@ def publish(
     tree = ctx.tree
     _fence(ctx, job.job_id, "store link")
     try:
-        stored = store.publish(tree, candidate, recipe.EXTENSIONS[job.output.container])
+        stored = store.publish(tree, candidate, Path(job.output.file).suffix)
     except OSError as exc:
         raise _Failed(
             "publish",

@@ -122,8 +122,9 @@ class Job(Record, kw_only=True):
     name: str
     revision: int
     supersedes: str | None = None
+    #: ``noop`` does no media work: an internal operation for benchmarks and tests.
     operation: Literal["render", "noop"] = "render"
-    recipe: Recipe
+    recipe: Recipe | None  # None only for noop
     recipe_hash: str
     sources: list[Source]
     output: Output

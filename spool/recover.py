@@ -36,11 +36,10 @@ from typing import Any, Literal
 
 from . import claim, store
 from .attempt import open_attempt, write_failure
-from .execute import Context, publish
+from .execute import Context, check_candidate, publish
 from .model import AttemptRecord, Failure, Job, Manifest, Record, decode, encode, now
 from .status import attempt_numbers, read
 from .tree import Tree, fsync_dir, write_atomic
-from .validate import validate
 
 log = logging.getLogger("spool.recover")
 
@@ -206,11 +205,10 @@ def recover(ctx: Context, job_id: str, *, dry_run: bool = False) -> Outcome | No
         and ev.candidate != "absent"
     )
     if needs_validation and not dry_run:
-        report = validate(
-            tree.root / ev.candidate,
-            job.output.container,
-            job.output.expect,
+        report = check_candidate(
             ctx.cfg,
+            job,
+            tree.root / ev.candidate,
             tree.job_attempts(job_id) / f"recovery-{ev.attempt}.validate.log",
         )
         valid = report.ok

@@ -49,6 +49,9 @@ class Watcher:
 
     def stop(self) -> None:
         if self._observer is not None:
+            # watchdog logs a spurious ERROR when events arrive while its emitter
+            # thread is stopping; at shutdown there is nothing left to wake.
+            logging.getLogger("watchdog.observers.inotify").setLevel(logging.CRITICAL)
             self._observer.stop()
             self._observer.join(timeout=5)
             self._observer = None
