@@ -116,17 +116,18 @@ def parse_submission(data: bytes, cfg: Config) -> Submission:
 def build_job(tree: Tree, cfg: Config, sub: Submission, submitted_by: str) -> Job:
     """Check everything a submission says against the world and freeze it."""
     jid = job_id(sub.name, sub.revision)
+    if sub.operation == "render":
+        if sub.recipe is None:
+            raise InvalidInput("recipe", "is required but missing")
+        if not sub.sources:
+            raise InvalidInput("sources", "is required but missing (declare at least the input clip)")
     for key in cfg.acceptance.required_tags:
         if not sub.tags.get(key, "").strip():
             raise InvalidInput(f"tags.{key}", "is a required tag and is missing or empty")
     if sub.supersedes is not None:
         _check_supersedes(tree, sub, jid)
-    if sub.operation == "noop":
+    if sub.operation == "noop" or sub.recipe is None:
         return _noop_job(cfg, sub, jid, submitted_by)
-    if sub.recipe is None:
-        raise InvalidInput("recipe", "is required but missing")
-    if not sub.sources:
-        raise InvalidInput("sources", "is required but missing (declare at least the input clip)")
     rec = sub.recipe
 
     roots = cfg.asset_roots(tree.root)
