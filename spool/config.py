@@ -103,6 +103,19 @@ class Daemon(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     watch: Literal["auto", "inotify", "poll"] = "auto"
 
 
+class Recovery(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    #: A worker on another host whose heartbeat has not advanced for this long is suspect.
+    stale_after: Seconds = 120.0
+    #: Take over a suspect worker's jobs without an operator (off: a stale heartbeat
+    #: is a reason to look, not a licence to act).
+    auto_recover: bool = False
+    #: Technical retries wait backoff * 2^(k-1) seconds, at most backoff_max.
+    backoff: Annotated[float, msgspec.Meta(ge=0)] = 10.0
+    backoff_max: Annotated[float, msgspec.Meta(ge=0)] = 600.0
+    #: Keep attempts' work/ folders this long after the job ended (spool gc).
+    work_retention: Annotated[float, msgspec.Meta(ge=0)] = 7 * 86400.0
+
+
 class Render(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     ffmpeg: str = "ffmpeg"
     ffprobe: str = "ffprobe"
@@ -116,6 +129,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     acceptance: Acceptance = msgspec.field(default_factory=Acceptance)
     validation: Validation = msgspec.field(default_factory=Validation)
     daemon: Daemon = msgspec.field(default_factory=Daemon)
+    recovery: Recovery = msgspec.field(default_factory=Recovery)
     render: Render = msgspec.field(default_factory=Render)
 
     def asset_roots(self, spool_root: Path) -> list[Path]:
@@ -187,6 +201,13 @@ poll_interval = 2.0        # seconds between directory rescans (network mounts r
 heartbeat_interval = 5.0   # seconds between heartbeats in workers/<worker>.json
 stop_grace = 30.0          # seconds running renders may finish after SIGTERM
 watch = "auto"             # auto | inotify | poll
+
+[recovery]
+stale_after = 120.0        # seconds without a new heartbeat before a worker on another host is suspect
+auto_recover = false       # take over suspect workers' jobs automatically (else: spool recover)
+backoff = 10.0             # technical retries wait backoff * 2^(k-1) seconds...
+backoff_max = 600.0        # ...at most this long
+work_retention = 604800.0  # spool gc keeps finished attempts' work/ folders this many seconds
 
 [render]
 ffmpeg = "ffmpeg"

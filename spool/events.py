@@ -16,16 +16,20 @@ Line format (documented in the README)::
 from __future__ import annotations
 
 import heapq
+import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import portalocker
 
 from .model import Event, decode, encode_line, now
 from .tree import HOST, Tree
+
+log = logging.getLogger("spool.events")
 
 
 def cli_writer() -> str:
@@ -39,6 +43,8 @@ class Journal:
         self.path = tree.events / f"{writer}.jsonl"
         self.writer = writer
         self._lock = threading.Lock()
+        #: Called with every event after it is written (metrics, notifications).
+        self.listeners: list[Callable[[Event], None]] = []
 
     def record(
         self,
@@ -49,7 +55,9 @@ class Journal:
         attempt: int | None = None,
         worker: str | None = None,
         reason: str | None = None,
+        **facts: Any,
     ) -> Event:
+        """Append one transition; ``facts`` are Event's optional structured fields."""
         with self._lock:  # timestamps in file order, so readers can merge files
             ev = Event(
                 ts=now(),
@@ -59,6 +67,7 @@ class Journal:
                 attempt=attempt,
                 worker=worker or self.writer,
                 reason=reason,
+                **facts,
             )
             line = encode_line(ev)
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -67,6 +76,11 @@ class Journal:
                 os.write(fd, line)
             finally:
                 os.close(fd)  # closing drops the lock
+        for listen in self.listeners:
+            try:
+                listen(ev)
+            except Exception:  # an observer must never break a transition
+                log.exception("event listener failed")
         return ev
 
 

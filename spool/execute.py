@@ -288,6 +288,9 @@ def publish(
         from_="running",
         attempt=attempt.n,
         reason=f"published sha256:{manifest.output.sha256[:16]}" + (f" ({note})" if note else ""),
+        bytes=manifest.output.size,
+        render_seconds=manifest.render_seconds,
+        validate_seconds=manifest.validate_seconds,
     )
     log.info("%s: complete, sha256 %s", job.job_id, manifest.output.sha256)
     return manifest
@@ -351,6 +354,8 @@ def _fail(ctx: Context, job: Job, attempt: Attempt, f: _Failed) -> str:
         from_="running",
         attempt=attempt.n,
         reason=f"{failure.stage}: {failure.property}: {failure.message}",
+        stage=failure.stage,
+        property=failure.property,
     )
     log.warning("%s: failed at %s (%s): %s", job.job_id, failure.stage, failure.property, failure.message)
     return "failed"

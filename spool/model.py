@@ -272,6 +272,12 @@ class Event(Record, kw_only=True, omit_defaults=True):
     attempt: int | None = None
     worker: str | None = None
     reason: str | None = None
+    #: Structured facts for scripts and metrics (omitted when not relevant):
+    stage: str | None = None  # failed: where
+    property: str | None = None  # failed: what (a validation check's name, ...)
+    bytes: int | None = None  # complete: size of the published output
+    render_seconds: float | None = None
+    validate_seconds: float | None = None
 
 
 class Rejection(Record, kw_only=True):

@@ -30,13 +30,16 @@ from spool.status import count
 from spool.tree import Tree, make_dirs, visible_names
 from spool.workers import Heartbeat, Identity
 
+from .hooks import Hook, call, default_hooks
 from .watcher import Watcher
 
 log = logging.getLogger("spoold")
 
 
 class Daemon:
-    def __init__(self, tree: Tree, cfg: Config, worker: str, *, drain: bool = False) -> None:
+    def __init__(
+        self, tree: Tree, cfg: Config, worker: str, *, drain: bool = False, hooks: list[Hook] | None = None
+    ) -> None:
         self.tree = tree
         self.cfg = cfg
         self.worker = worker
@@ -53,6 +56,10 @@ class Daemon:
         self.heartbeat = Heartbeat(tree, worker, cfg.limits.max_active, cfg.limits.temp_disk_bytes)
         self.watcher = Watcher([tree.incoming, tree.pending], self.wake)
         self._signals = 0
+        #: Counters hooks may read (metrics): claims lost to another worker, and so on.
+        self.stats: dict[str, int] = {"claim_conflicts": 0, "claims": 0}
+        self.hooks = default_hooks() if hooks is None else hooks
+        self.journal.listeners.append(lambda ev: call(self.hooks, "event", self, ev))
         self._next_beat = 0.0
         self._next_scan = 0.0
 
@@ -79,6 +86,7 @@ class Daemon:
         )
         for outcome in recover.adopt(self.ctx):
             log.info("adopted %s: %s -> %s", outcome.job_id, outcome.decision, outcome.to_state)
+        call(self.hooks, "started", self)
         try:
             while True:
                 try:
@@ -96,6 +104,7 @@ class Daemon:
             for t in list(self.slots.values()):
                 t.join()
             self.heartbeat.beat(active=[], state="stopped")
+            call(self.hooks, "stopped", self)
             log.info("worker %s stopped", self.worker)
         return 0
 
@@ -123,6 +132,7 @@ class Daemon:
         if now >= self._next_beat:
             self.heartbeat.beat(active=list(self.slots), state="stopping" if self.stopping else "running")
             self._next_beat = now + self.cfg.daemon.heartbeat_interval
+        call(self.hooks, "tick", self)
         self.wake.wait(timeout=0.5 if self.stopping else self.cfg.daemon.poll_interval)
         return True
 
@@ -149,7 +159,9 @@ class Daemon:
                 break
             self.index.discard(jid)  # either ours now, or somebody else's
             if not claim.claim(self.tree, self.worker, jid):
+                self.stats["claim_conflicts"] += 1
                 continue
+            self.stats["claims"] += 1
             crashpoint("after_claim")
             t = threading.Thread(target=self._run_job, args=(jid,), name=f"job-{jid}", daemon=True)
             self.slots[jid] = t
@@ -188,6 +200,7 @@ class Daemon:
         if self._signals == 1:
             self.stopping = True
             self.stop_deadline = time.monotonic() + self.cfg.daemon.stop_grace
+            call(self.hooks, "stopping", self)
         else:
             self.interrupt.set()
         self.wake.set()

@@ -1,0 +1,152 @@
+"""Is a worker alive? Evidence from its record, its host, and the server's clock.
+
+* **Same host** (the record's ``host`` is ours): the worker is *dead* when its
+  boot id differs from ours (the machine rebooted since) or its pid is gone
+  (or now belongs to a process that does not hold the worker's identity lock).
+  This is certain, so recovery may act on it at once.
+* **Another host**: we cannot see its processes. A heartbeat that stopped
+  advancing only makes the worker *suspect*. Cross-host takeover follows
+  policy (``[recovery] auto_recover`` with ``stale_after``) or an operator's
+  ``spool recover --worker W``.
+
+Clock skew: hosts disagree about the time, so a heartbeat is never compared
+with the observer's wall clock alone. A long-lived observer (a daemon)
+remembers when *it* first saw each heartbeat value and measures staleness on
+its own monotonic clock. A one-shot observer (the CLI) compares the record
+file's mtime, which the file server assigns, with the mtime the same server
+gives a file it touches now (nas.md, section 4.8).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+from .model import WorkerRecord
+from .status import read
+from .tree import HOST, Tree, boot_id, visible_names, write_atomic
+
+Health = Literal["alive", "suspect", "dead", "stopped"]
+
+
+@dataclass(frozen=True)
+class WorkerHealth:
+    worker: str
+    host: str
+    health: Health
+    reason: str
+    age: float | None  # seconds since the heartbeat last advanced, as observed
+    record: WorkerRecord
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def holds_identity(tree: Tree, worker: str) -> bool:
+    """Whether some process on this host holds the worker's identity lock."""
+    import portalocker
+
+    try:
+        with open(tree.worker_lock(worker), "a+b") as f:
+            try:
+                portalocker.lock(f, portalocker.LOCK_EX | portalocker.LOCK_NB)
+            except portalocker.LockException:
+                return True
+            portalocker.unlock(f)
+            return False
+    except OSError:
+        return False
+
+
+def server_now(tree: Tree) -> float:
+    """The file server's idea of now: the mtime it gives a file we just wrote."""
+    probe = tree.workers / f".clock.{HOST}.{os.getpid()}"
+    write_atomic(probe, b"", durable=False)
+    try:
+        return probe.stat().st_mtime
+    finally:
+        try:
+            probe.unlink()
+        except OSError:
+            pass
+
+
+class Observer:
+    """Remembers, on this process's monotonic clock, when each worker's beat
+    counter last changed. Skew-proof staleness for long-lived observers."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[int, float]] = {}
+
+    def age(self, rec: WorkerRecord) -> float:
+        now = time.monotonic()
+        prev = self._seen.get(rec.worker)
+        if prev is None or prev[0] != rec.beats:
+            self._seen[rec.worker] = (rec.beats, now)
+            return 0.0
+        return now - prev[1]
+
+
+def assess(
+    tree: Tree,
+    rec: WorkerRecord,
+    stale_after: float,
+    *,
+    observer: Observer | None = None,
+    server_time: float | None = None,
+) -> WorkerHealth:
+    """The health of one worker, with the evidence in ``reason``."""
+    if rec.state == "stopped":
+        return WorkerHealth(rec.worker, rec.host, "stopped", "stopped cleanly", None, rec)
+    if rec.host == HOST:
+        if rec.boot_id != boot_id():
+            return WorkerHealth(
+                rec.worker, rec.host, "dead", "this host rebooted since its last heartbeat", None, rec
+            )
+        if not pid_alive(rec.pid) or not holds_identity(tree, rec.worker):
+            return WorkerHealth(
+                rec.worker, rec.host, "dead", f"process {rec.pid} is gone (same host)", None, rec
+            )
+        return WorkerHealth(rec.worker, rec.host, "alive", f"process {rec.pid} is running", 0.0, rec)
+    if observer is not None:
+        age = observer.age(rec)
+        how = "no new heartbeat seen for"
+    else:
+        try:
+            mtime = tree.worker_file(rec.worker).stat().st_mtime
+        except FileNotFoundError:
+            mtime = rec.heartbeat_at.timestamp()
+        now = server_time if server_time is not None else server_now(tree)
+        age = max(0.0, now - mtime)
+        how = "heartbeat file last written"
+    if age > stale_after:
+        return WorkerHealth(
+            rec.worker,
+            rec.host,
+            "suspect",
+            f"{how} {age:.0f} s (stale_after {stale_after:g} s); another host, so not certain",
+            age,
+            rec,
+        )
+    return WorkerHealth(rec.worker, rec.host, "alive", f"{how} {age:.0f} s", age, rec)
+
+
+def assess_all(tree: Tree, stale_after: float, observer: Observer | None = None) -> list[WorkerHealth]:
+    """Every worker that has a record, healthiest last (attention first)."""
+    now = None if observer is not None else server_now(tree)
+    out = []
+    for name in visible_names(tree.workers):
+        rec = read(tree.workers / name, WorkerRecord)
+        if rec is not None:
+            out.append(assess(tree, rec, stale_after, observer=observer, server_time=now))
+    order = {"dead": 0, "suspect": 1, "alive": 2, "stopped": 3}
+    return sorted(out, key=lambda h: (order[h.health], h.worker))

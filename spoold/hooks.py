@@ -1,0 +1,52 @@
+"""Policies the daemon composes, in the manner of dramatiq's middleware.
+
+A hook is a small object with optional callbacks; the loop calls them and
+never knows what they do. Metrics, systemd notifications and the like live
+in hooks, not in ``if``s threaded through the loop. A hook must be cheap and
+must not raise: a failing hook is logged and the daemon carries on.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from spool.model import Event
+
+if TYPE_CHECKING:
+    from .daemon import Daemon
+
+log = logging.getLogger("spoold.hooks")
+
+
+class Hook:
+    """Override what you need; every callback defaults to doing nothing."""
+
+    def started(self, daemon: Daemon) -> None:
+        """The daemon holds its identity, adopted its jobs and is about to loop."""
+
+    def tick(self, daemon: Daemon) -> None:
+        """Once per loop iteration (at least every poll interval)."""
+
+    def event(self, daemon: Daemon, event: Event) -> None:
+        """A transition this daemon recorded in the journal."""
+
+    def stopping(self, daemon: Daemon) -> None:
+        """The first stop signal arrived: no more claims."""
+
+    def stopped(self, daemon: Daemon) -> None:
+        """The loop ended; every render has finished or been interrupted."""
+
+
+def call(hooks: list[Hook], name: str, daemon: Daemon, *args: object) -> None:
+    """Call one callback on every hook, containing their failures."""
+    for hook in hooks:
+        try:
+            getattr(hook, name)(daemon, *args)
+        except Exception:
+            log.exception("hook %s.%s failed", type(hook).__name__, name)
+
+
+def default_hooks() -> list[Hook]:
+    """The hooks every daemon runs with (each module adds its own here)."""
+    return []
