@@ -15,11 +15,13 @@ for a worker whose job was taken away.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from datetime import datetime
 
 import msgspec
 
+from . import retry
 from .model import Record
 from .tree import Tree, fsync_dir, make_dirs, visible_names
 
@@ -47,6 +49,8 @@ class PendingIndex:
         self.tree = tree
         self._keys: dict[str, _Key] = {}
         self._sorted: list[_Key] | None = None
+        #: job ID -> epoch seconds before which it must not be claimed (retry backoff)
+        self._delayed: dict[str, float] = {}
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -57,11 +61,15 @@ class PendingIndex:
         gone = self._keys.keys() - names
         for jid in gone:
             del self._keys[jid]
+            self._delayed.pop(jid, None)
         new = names - self._keys.keys()
         for jid in new:
             key = self._read_key(jid)
             if key is not None:
                 self._keys[jid] = key
+                wait_until = retry.not_before(self.tree, jid)
+                if wait_until is not None:
+                    self._delayed[jid] = wait_until
         if gone or new:
             self._sorted = None
         return len(self._keys)
@@ -76,14 +84,24 @@ class PendingIndex:
         return _Key(-order.priority, ts, jid)
 
     def ordered(self) -> list[str]:
-        """Job IDs in claim order."""
+        """Job IDs that may be claimed now, in claim order."""
         if self._sorted is None:
             self._sorted = sorted(self._keys.values())
-        return [k.job_id for k in self._sorted]
+        if not self._delayed:
+            return [k.job_id for k in self._sorted]
+        t = time.time()
+        for jid in [j for j, until in self._delayed.items() if until <= t]:
+            del self._delayed[jid]
+        return [k.job_id for k in self._sorted if k.job_id not in self._delayed]
+
+    def next_due(self) -> float | None:
+        """When the earliest delayed job becomes claimable (epoch seconds)."""
+        return min(self._delayed.values(), default=None)
 
     def discard(self, jid: str) -> None:
         if self._keys.pop(jid, None) is not None:
             self._sorted = None
+        self._delayed.pop(jid, None)
 
 
 def claim(tree: Tree, worker: str, job_id: str) -> bool:

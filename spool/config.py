@@ -123,6 +123,21 @@ class Render(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     threads: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
+class Observe(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """How the queue is watched: metrics files, the status page, thumbnails."""
+
+    #: Folder of the Prometheus textfiles (``spool-<worker>.prom``); relative to the
+    #: spool folder unless absolute; empty = no metrics files.
+    metrics_dir: str = "metrics"
+    metrics_interval: Seconds = 15.0
+    #: ``spool serve``'s default address, ``HOST:PORT``.
+    bind: str = "127.0.0.1:8470"
+    #: Seconds between the status page's updates (it backs off when the server is away).
+    page_refresh: Seconds = 5.0
+    #: Width in pixels of the poster-frame JPEG made after publish; 0 = none.
+    thumbnail_width: Annotated[int, msgspec.Meta(ge=0, le=1920)] = 320
+
+
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     assets: Assets = msgspec.field(default_factory=Assets)
     limits: Limits = msgspec.field(default_factory=Limits)
@@ -131,6 +146,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     daemon: Daemon = msgspec.field(default_factory=Daemon)
     recovery: Recovery = msgspec.field(default_factory=Recovery)
     render: Render = msgspec.field(default_factory=Render)
+    observe: Observe = msgspec.field(default_factory=Observe)
 
     def asset_roots(self, spool_root: Path) -> list[Path]:
         """Asset roots as absolute, symlink-resolved folders."""
@@ -214,6 +230,13 @@ ffmpeg = "ffmpeg"
 ffprobe = "ffprobe"
 font_file = ""             # font for text steps; empty = fontconfig's default sans
 threads = 0                # FFmpeg threads per render; 0 = FFmpeg's choice
+
+[observe]
+metrics_dir = "metrics"    # Prometheus textfiles spool-<worker>.prom; relative = inside the spool; "" = off
+metrics_interval = 15.0    # seconds between rewrites of a worker's metrics file
+bind = "127.0.0.1:8470"    # spool serve's default HOST:PORT
+page_refresh = 5.0         # seconds between the status page's updates
+thumbnail_width = 320      # poster-frame JPEG width made after publish (thumbs/); 0 = none
 """
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import claim, recipe, render, store
+from . import claim, recipe, render, retry, store
 from .attempt import Attempt, Interruption, open_attempt, write_failure, write_result
 from .config import Config
 from .errors import LostOwnership
@@ -213,6 +213,18 @@ def _render(ctx: Context, job: Job, attempt: Attempt) -> tuple[Path, float]:
             actual=f"{out.seconds:g} s",
             log_excerpt=out.log_tail[-6:],
             next_action="Shorten the job or raise limits.job_timeout in spool.toml, then spool retry it.",
+            retryable=False,  # the same render would time out again
+        )
+    if out.returncode is not None and out.returncode < 0:
+        # Killed by a signal we did not send: the OOM killer, an operator. Retry.
+        raise _Failed(
+            "render",
+            "ffmpeg_killed",
+            f"FFmpeg was killed by signal {-out.returncode}",
+            expected="exit status 0",
+            actual=f"signal {-out.returncode}",
+            log_excerpt=out.log_tail[-8:],
+            next_action="Check memory (limits.memory) and the system log; the job is retried automatically.",
             retryable=True,
         )
     if out.returncode != 0:
@@ -346,6 +358,22 @@ def _fail(ctx: Context, job: Job, attempt: Attempt, f: _Failed) -> str:
     """Record the failure in the attempt, then move the job to ``failed/``."""
     failure = Failure(job_id=job.job_id, attempt=attempt.n, worker=ctx.worker, failed_at=now(), **f.fields)
     write_failure(attempt, failure)
+    if failure.retryable and retry.may_retry(ctx.tree, job.job_id, ctx.cfg.limits.max_attempts):
+        what = f"{failure.stage}: {failure.property}"
+        wait = retry.schedule(ctx.tree, job.job_id, ctx.cfg.recovery, attempt.n, what)
+        if not claim.move(ctx.tree, ctx.worker, job.job_id, "pending"):
+            return _lost(ctx, job.job_id, attempt, "the job was taken away before it could be retried")
+        ctx.journal.record(
+            job.job_id,
+            "pending",
+            from_="running",
+            attempt=attempt.n,
+            reason=f"retry in {wait:.0f} s after {what}: {failure.message}",
+            stage=failure.stage,
+            property=failure.property,
+        )
+        log.warning("%s: attempt %d failed (%s), retrying in %.0f s", job.job_id, attempt.n, what, wait)
+        return "retry"
     if not claim.move(ctx.tree, ctx.worker, job.job_id, "failed"):
         return _lost(ctx, job.job_id, attempt, "the job was taken away before it could be marked failed")
     ctx.journal.record(

@@ -21,8 +21,19 @@ retry                  otherwise, while ``max_attempts`` allows: back to pending
 exhausted              otherwise: failed, with a failure record
 =====================  ===========================================================
 
+A retryable failure record (a full disk, a killed FFmpeg) returns the job to
+pending while attempts remain. Retries wait by the backoff policy
+(:mod:`spool.retry`).
+
 The old attempt is never deleted or written to. Each decision is written to
 ``attempts/J/recovery-<n>.json`` with its evidence and to the events journal.
+
+Other workers' jobs (:func:`plan`): a worker on this host whose process is
+gone is dead, certainly, and its jobs are recovered. A worker on another host
+with a stale heartbeat is only suspect: its jobs are recovered when an
+operator names it (``spool recover --worker W``) or when ``auto_recover`` is
+on. Takeover is a rename into the recoverer's running folder, so the old
+worker, if it was only paused, finds its job gone at its next fence.
 """
 
 from __future__ import annotations
@@ -34,12 +45,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from . import claim, store
+from . import claim, liveness, retry, store
 from .attempt import open_attempt, write_failure
+from .errors import LostOwnership
 from .execute import Context, check_candidate, publish
-from .model import AttemptRecord, Failure, Job, Manifest, Record, decode, encode, now
-from .status import attempt_numbers, read
-from .tree import Tree, fsync_dir, write_atomic
+from .model import AttemptRecord, Failure, Job, Manifest, Record, WorkerRecord, decode, encode, now
+from .status import attempt_numbers, read, running_workers
+from .tree import Tree, fsync_dir, make_dirs, visible_names, write_atomic
 
 log = logging.getLogger("spool.recover")
 
@@ -63,7 +75,7 @@ class Evidence(Record, kw_only=True):
     attempts_used: int
     manifest: str  # "absent", "verified" or why it is not
     result: str
-    failure: bool
+    failure: str  # "absent", "final" or "retryable"
     interrupted: bool
     candidate: str  # "absent", or the candidate's path relative to the spool
 
@@ -75,6 +87,7 @@ class RecoveryRecord(Record, kw_only=True):
     decision: str
     reason: str
     evidence: Evidence
+    worker_state: str = ""  # why the recoverer was allowed to act
     validation: Any = None
     decided_by: str
     decided_at: Any
@@ -106,15 +119,6 @@ def current_attempt(tree: Tree, job_id: str, worker: str) -> int:
     return n
 
 
-def renders_started(tree: Tree, job_id: str) -> int:
-    used = 0
-    for n in attempt_numbers(tree, job_id):
-        rec = read(tree.attempt_dir(job_id, n) / "attempt.json", AttemptRecord)
-        if rec is not None and rec.reason == "claim":
-            used += 1
-    return used
-
-
 def inspect(tree: Tree, job: Job, worker: str) -> Evidence:
     """Gather the evidence for a job in ``running/<worker>/`` (reads only)."""
     jid = job.job_id
@@ -141,13 +145,22 @@ def inspect(tree: Tree, job: Job, worker: str) -> Evidence:
         job_id=jid,
         worker=worker,
         attempt=n,
-        attempts_used=renders_started(tree, jid),
+        attempts_used=retry.renders_started(tree, jid),
         manifest=mstate,
         result=result,
-        failure=bool(d and (d / "failure.json").exists()),
+        failure=_failure_kind(d),
         interrupted=bool(d and (d / "interrupted.json").exists()),
         candidate=cand,
     )
+
+
+def _failure_kind(d: Path | None) -> str:
+    if d is None:
+        return "absent"
+    f = read(d / "failure.json", Failure)
+    if f is None:
+        return "absent"
+    return "retryable" if f.retryable else "final"
 
 
 def decide(ev: Evidence, max_attempts: int, candidate_valid: bool | None) -> tuple[Decision, str]:
@@ -159,11 +172,13 @@ def decide(ev: Evidence, max_attempts: int, candidate_valid: bool | None) -> tup
         )
     if ev.result == "verified":
         return "staged", f"attempt {ev.attempt} staged a verified result; installing its manifest"
-    if ev.failure:
+    if ev.failure == "final" or (ev.failure == "retryable" and ev.attempts_used >= max_attempts):
         return (
             "recorded-failure",
             f"attempt {ev.attempt} recorded a failure; finishing the move to failed",
         )
+    if ev.failure == "retryable":
+        return "retry", f"attempt {ev.attempt} recorded a retryable failure; returning to pending"
     if ev.interrupted:
         return (
             "recorded-interruption",
@@ -186,25 +201,58 @@ def decide(ev: Evidence, max_attempts: int, candidate_valid: bool | None) -> tup
     return "exhausted", f"{why}; all {max_attempts} attempts used"
 
 
-def recover(ctx: Context, job_id: str, *, dry_run: bool = False) -> Outcome | None:
-    """Decide and apply recovery for a job in ``running/<ctx.worker>/``."""
-    tree = ctx.tree
-    path = tree.job_file("running", job_id, ctx.worker)
+def takeover(ctx: Context, owner: str, job_id: str, why: str) -> bool:
+    """Move a job from ``running/<owner>/`` into the recoverer's own running folder.
+
+    This is a claim: one rename, exactly one winner. From here on ``owner``'s
+    fencing checks fail, so it can never publish or move the job.
+    """
+    src = ctx.tree.job_file("running", job_id, owner)
+    dst = ctx.tree.job_file("running", job_id, ctx.worker)
+    make_dirs(dst.parent)
     try:
-        job = decode(path.read_bytes(), Job)
+        os.rename(src, dst)
+    except OSError:
+        if not (dst.exists() and not src.exists()):  # not a lost reply either: lost the race
+            return False
+    fsync_dir(dst.parent)
+    fsync_dir(src.parent)
+    ctx.journal.record(job_id, "running", from_="running", reason=f"taken over from {owner}: {why}")
+    return True
+
+
+def recover(
+    ctx: Context, job_id: str, *, owner: str | None = None, why: str = "", dry_run: bool = False
+) -> Outcome | None:
+    """Decide and apply recovery for a job in ``running/<owner>/`` (default: ours).
+
+    For another worker's job the recoverer first takes the job over; a dry run
+    only reads and reports what it would decide.
+    """
+    tree = ctx.tree
+    owner = owner or ctx.worker
+    try:
+        job = decode(tree.job_file("running", job_id, owner).read_bytes(), Job)
     except OSError:
         return None
-    ev = inspect(tree, job, ctx.worker)
-    report = None
-    valid: bool | None = None
+    ev = inspect(tree, job, owner)
     needs_validation = (
         ev.manifest != "verified"
         and ev.result != "verified"
-        and not ev.failure
+        and ev.failure == "absent"
         and not ev.interrupted
         and ev.candidate != "absent"
     )
-    if needs_validation and not dry_run:
+    if dry_run:
+        decision, reason = decide(ev, ctx.cfg.limits.max_attempts, True if needs_validation else None)
+        if needs_validation:
+            reason += " (if it validates; otherwise a retry)"
+        return Outcome(job_id, decision, reason, _target(decision))
+    if owner != ctx.worker and not takeover(ctx, owner, job_id, why or "recovery"):
+        return None
+    report = None
+    valid: bool | None = None
+    if needs_validation:
         report = check_candidate(
             ctx.cfg,
             job,
@@ -212,12 +260,8 @@ def recover(ctx: Context, job_id: str, *, dry_run: bool = False) -> Outcome | No
             tree.job_attempts(job_id) / f"recovery-{ev.attempt}.validate.log",
         )
         valid = report.ok
-    elif needs_validation:
-        valid = True  # a dry run cannot know; it reports what validation would decide
     decision, reason = decide(ev, ctx.cfg.limits.max_attempts, valid)
-    if dry_run:
-        return Outcome(job_id, decision, reason, _target(decision))
-    _log_decision(tree, job_id, ev, decision, reason, report, ctx.worker)
+    _log_decision(tree, job_id, ev, decision, reason, report, ctx.worker, why)
     to_state = _apply(ctx, job, ev, decision, reason, report)
     ctx.journal.record(
         job_id,
@@ -243,7 +287,7 @@ def _target(decision: Decision) -> str:
 
 
 def _log_decision(
-    tree: Tree, job_id: str, ev: Evidence, decision: str, reason: str, report: Any, by: str
+    tree: Tree, job_id: str, ev: Evidence, decision: str, reason: str, report: Any, by: str, why: str
 ) -> None:
     folder = tree.job_attempts(job_id)
     name, k = f"recovery-{ev.attempt}.json", 1
@@ -255,6 +299,7 @@ def _log_decision(
         decision=decision,
         reason=reason,
         evidence=ev,
+        worker_state=why,
         validation=report,
         decided_by=by,
         decided_at=now(),
@@ -279,6 +324,8 @@ def _apply(ctx: Context, job: Job, ev: Evidence, decision: Decision, reason: str
         _move(ctx, jid, "failed")
         return "failed"
     if decision in ("recorded-interruption", "retry"):
+        if decision == "retry":
+            retry.schedule(tree, jid, ctx.cfg.recovery, ev.attempt, reason)
         _move(ctx, jid, "pending")
         return "pending"
     if decision == "accept-candidate":
@@ -312,11 +359,11 @@ def _apply(ctx: Context, job: Job, ev: Evidence, decision: Decision, reason: str
 
 def _move(ctx: Context, jid: str, to: str) -> None:
     if not claim.move(ctx.tree, ctx.worker, jid, to):
-        raise RuntimeError(f"{jid} left running/{ctx.worker}/ during recovery")
+        raise LostOwnership(f"{jid} left running/{ctx.worker}/ during recovery")
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
-    """Bring the old attempt's candidate into the new attempt without changing it."""
+    """Bring the old attempt's candidate into the new attempt without changing its bytes."""
     try:
         os.link(src, dst)
     except OSError:
@@ -324,18 +371,105 @@ def _link_or_copy(src: Path, dst: Path) -> None:
     fsync_dir(dst.parent)
 
 
+def jobs_of(tree: Tree, worker: str) -> list[str]:
+    return sorted(n[:-5] for n in visible_names(tree.running_dir(worker)))
+
+
 def adopt(ctx: Context) -> list[Outcome]:
-    """At daemon start: recover every job left in this worker's running folder."""
+    """At daemon start: recover every job left in this worker's own running folder
+    (the previous process with this identity is certainly gone: we hold its lock)."""
     out = []
-    folder = ctx.tree.running_dir(ctx.worker)
-    for name in sorted(os.listdir(folder)) if folder.is_dir() else []:
-        if not name.endswith(".json") or name.startswith("."):
-            continue
+    for jid in jobs_of(ctx.tree, ctx.worker):
         try:
-            o = recover(ctx, name[:-5])
+            o = recover(ctx, jid, why="restart: this worker's previous process is gone")
         except Exception:  # one bad job must not stop the others' recovery
-            log.exception("%s: recovery failed; it stays in running/%s/", name[:-5], ctx.worker)
+            log.exception("%s: recovery failed; it stays in running/%s/", jid, ctx.worker)
             continue
         if o is not None:
             out.append(o)
     return out
+
+
+# -- recovering other workers ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """What ``spool recover`` (or a daemon's policy) would do about one worker."""
+
+    worker: str
+    health: str  # alive, suspect, dead, stopped, or "unknown" (no worker record)
+    evidence: str
+    act: bool
+    why: str
+    jobs: list[Outcome]
+
+
+def plan(
+    ctx: Context,
+    *,
+    worker: str | None = None,
+    force: bool = False,
+    auto: bool = False,
+    observer: liveness.Observer | None = None,
+) -> list[WorkerPlan]:
+    """Decide, per worker with jobs in ``running/``, whether to recover it and how.
+
+    Dead workers (same host, certain) are recovered. A suspect worker (another
+    host, stale heartbeat) only when named by an operator (``worker=``) or when
+    policy allows (``auto`` and ``[recovery] auto_recover``). An alive worker
+    only with ``force``: an operator who knows it is hung.
+    """
+    stale = ctx.cfg.recovery.stale_after
+    server = None if observer is not None else liveness.server_now(ctx.tree)
+    out = []
+    for w in running_workers(ctx.tree):
+        if w == ctx.worker or (worker is not None and w != worker):
+            continue
+        jobs = jobs_of(ctx.tree, w)
+        if not jobs:
+            continue
+        rec = read(ctx.tree.worker_file(w), WorkerRecord)
+        if rec is None:
+            health, evidence = "unknown", "no worker record in workers/"
+        else:
+            h = liveness.assess(ctx.tree, rec, stale, observer=observer, server_time=server)
+            health, evidence = h.health, h.reason
+        named = worker is not None
+        if health in ("dead", "stopped") or (health == "unknown" and not auto):
+            # "unknown" needs a human: on a lagging NAS listing the record may just be late.
+            act, why = True, f"{w} is {health}: {evidence}"
+        elif health == "suspect" and (named or (auto and ctx.cfg.recovery.auto_recover)):
+            act = True
+            why = f"{w} is suspect ({evidence}); " + (
+                "recovery asked for by an operator" if named else "auto_recover is on"
+            )
+        elif health == "alive" and named and force:
+            act, why = True, f"{w} looks alive ({evidence}) but recovery was forced by an operator"
+        else:
+            act = False
+            why = f"{w} is {health} ({evidence}); " + (
+                "name it with --worker to recover it"
+                if health == "suspect"
+                else "use --force if you know it is hung"
+            )
+        outcomes = [o for jid in jobs if (o := recover(ctx, jid, owner=w, dry_run=True)) is not None]
+        out.append(WorkerPlan(w, health, evidence, act, why, outcomes))
+    return out
+
+
+def execute_plan(ctx: Context, plans: list[WorkerPlan]) -> list[Outcome]:
+    """Carry out the recoveries a plan allows."""
+    done = []
+    for p in plans:
+        if not p.act:
+            continue
+        for o in p.jobs:
+            try:
+                r = recover(ctx, o.job_id, owner=p.worker, why=p.why)
+            except Exception:
+                log.exception("%s: recovery from %s failed", o.job_id, p.worker)
+                continue
+            if r is not None:
+                done.append(r)
+    return done

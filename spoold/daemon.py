@@ -31,6 +31,7 @@ from spool.tree import Tree, make_dirs, visible_names
 from spool.workers import Heartbeat, Identity
 
 from .hooks import Hook, call, default_hooks
+from .policies import AutoRecover
 from .watcher import Watcher
 
 log = logging.getLogger("spoold")
@@ -58,7 +59,7 @@ class Daemon:
         self._signals = 0
         #: Counters hooks may read (metrics): claims lost to another worker, and so on.
         self.stats: dict[str, int] = {"claim_conflicts": 0, "claims": 0}
-        self.hooks = default_hooks() if hooks is None else hooks
+        self.hooks = [AutoRecover(), *default_hooks()] if hooks is None else hooks
         self.journal.listeners.append(lambda ev: call(self.hooks, "event", self, ev))
         self._next_beat = 0.0
         self._next_scan = 0.0

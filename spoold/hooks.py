@@ -49,4 +49,7 @@ def call(hooks: list[Hook], name: str, daemon: Daemon, *args: object) -> None:
 
 def default_hooks() -> list[Hook]:
     """The hooks every daemon runs with (each module adds its own here)."""
-    return []
+    from .notify import SystemdNotify
+    from .observers import Metrics, Thumbnails
+
+    return [SystemdNotify(), Metrics(), Thumbnails()]

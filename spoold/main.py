@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -16,6 +14,7 @@ from spool.tree import Tree
 from spool.workers import worker_id
 
 from .daemon import Daemon
+from .notify import log_handler
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="The spool render daemon.")
 
@@ -35,14 +34,8 @@ def run(
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
 ) -> None:
     """Claim, render, validate and publish jobs until stopped (or drained)."""
-    logging.basicConfig(
-        level=getattr(logging, log_level.upper(), logging.INFO),
-        stream=sys.stderr,
-        # journald adds time and unit; a terminal user still wants the time.
-        format="%(levelname)s %(name)s: %(message)s"
-        if os.environ.get("INVOCATION_ID")
-        else "%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    # journald adds time, unit and (from a <N> prefix) priority; a terminal user wants the time.
+    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO), handlers=[log_handler()])
     tree = Tree.at(spool)
     try:
         if not tree.is_spool():

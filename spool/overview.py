@@ -1,0 +1,427 @@
+"""The queue at a glance: the facts ``spool status``, ``spool watch`` and the
+status page show, so all three tell the same story.
+
+Cost on a spool of 100,000 jobs (the rule of :mod:`spool.status`: count with
+directory scans, parse only what is shown):
+
+* counts are directory listings, as in :func:`spool.status.counts`;
+* ages need one ``stat`` per file of ``incoming/``, ``pending/`` and
+  ``running/``; "newest first" one per file of ``failed/``, of the
+  ``.error.json`` files in ``rejected/`` and, for recent outputs only, of
+  ``manifests/``. Nothing else is stat'ed;
+* parsed are only the records shown: the running jobs' attempt and progress,
+  the newest failures and rejections, the newest manifests, worker records.
+
+Ages come from a file's ctime, not its mtime: a rename updates the ctime
+(ext4, xfs, btrfs, tmpfs, and NFS servers on those), so the ctime of
+``pending/J.json`` is when the job *entered* pending (for a retried job, the
+retry), while its mtime is when it was accepted. Ages are taken against the
+file server's clock when the spool is writable (:func:`liveness.server_now`),
+so a workstation whose clock is off still shows true ages.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from . import eventlog, liveness, thumbs
+from .config import Config
+from .model import AttemptRecord, Failure, Manifest, Progress, Rejection, WorkerRecord
+from .status import attempt_numbers, read, running_workers, show
+from .tree import Tree, is_visible, visible_names
+
+#: States whose oldest entry is worth an age: a job waits or works there.
+AGED_STATES = ("incoming", "pending", "running")
+
+
+@dataclass
+class _Scan:
+    """One pass over a folder: how many files, the oldest, the newest few."""
+
+    count: int = 0
+    oldest: float | None = None
+    newest: list[tuple[float, str]] = field(default_factory=list)  # (ctime, name), newest first
+
+
+def _scan(
+    folder: Path, *, suffix: str = ".json", skip: str | None = None, stat: bool, keep: int = 0
+) -> _Scan:
+    out = _Scan()
+    try:
+        it = os.scandir(folder)
+    except FileNotFoundError:
+        return out
+    entries: list[tuple[float, str]] = []
+    with it:
+        for e in it:
+            name = e.name
+            if not name.endswith(suffix) or not is_visible(name) or (skip and name.endswith(skip)):
+                continue
+            if not stat:
+                out.count += 1
+                continue
+            try:
+                ct = e.stat().st_ctime
+            except FileNotFoundError:
+                continue  # moved on while we looked
+            out.count += 1
+            out.oldest = ct if out.oldest is None else min(out.oldest, ct)
+            if keep:
+                entries.append((ct, name[: -len(suffix)]))
+    if keep:
+        entries.sort(reverse=True)
+        out.newest = entries[:keep]
+    return out
+
+
+def clock(tree: Tree) -> float:
+    """Now, by the file server's clock if we may write a probe file, else ours."""
+    try:
+        return liveness.server_now(tree)
+    except OSError:
+        return time.time()
+
+
+@dataclass
+class QueueScan:
+    """Counts per state and the age of the oldest job of each aged state."""
+
+    counts: dict[str, int]
+    oldest_age: dict[str, float | None]
+    failed: list[tuple[float, str]]
+    rejected: list[tuple[float, str]]
+    running: list[tuple[str, str, float]]  # (job ID, worker, seconds in running/)
+
+
+def scan_queue(tree: Tree, now: float, keep: int = 10) -> QueueScan:
+    """Counts (names only) and ages (one stat per waiting job) of the whole queue."""
+    incoming = _scan(tree.incoming, stat=True)
+    pending = _scan(tree.pending, stat=True)
+    complete = _scan(tree.complete, stat=False)
+    failed = _scan(tree.failed, stat=True, keep=keep)
+    rejected = _scan(tree.rejected, stat=False, skip=".error.json")
+    errors = _scan(tree.rejected, suffix=".error.json", stat=True, keep=keep)
+    running: list[tuple[str, str, float]] = []
+    oldest_running: float | None = None
+    for w in running_workers(tree):
+        try:
+            with os.scandir(tree.running_dir(w)) as it:
+                for e in it:
+                    if e.name.endswith(".json") and is_visible(e.name):
+                        try:
+                            ct = e.stat().st_ctime
+                        except FileNotFoundError:
+                            continue
+                        running.append((e.name[:-5], w, max(0.0, now - ct)))
+                        oldest_running = ct if oldest_running is None else min(oldest_running, ct)
+        except FileNotFoundError:
+            continue
+    counts = {
+        "incoming": incoming.count,
+        "pending": pending.count,
+        "running": len(running),
+        "complete": complete.count,
+        "failed": failed.count,
+        "rejected": rejected.count,
+    }
+
+    def age(t: float | None) -> float | None:
+        return None if t is None else round(max(0.0, now - t), 1)
+
+    return QueueScan(
+        counts=counts,
+        oldest_age={
+            "incoming": age(incoming.oldest),
+            "pending": age(pending.oldest),
+            "running": age(oldest_running),
+        },
+        failed=failed.newest,
+        rejected=errors.newest,
+        running=sorted(running, key=lambda r: -r[2]),
+    )
+
+
+# -- what each section shows ------------------------------------------------------------
+
+
+def latest_attempt(tree: Tree, job_id: str) -> int | None:
+    nums = attempt_numbers(tree, job_id)
+    return nums[-1] if nums else None
+
+
+def disk_used(folder: Path) -> int:
+    """Bytes of the files under ``folder`` (an attempt's ``work/``: a few files)."""
+    total = 0
+    for dirpath, _dirs, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+            except OSError:
+                continue
+    return total
+
+
+def running_rows(tree: Tree, scan: QueueScan) -> list[dict[str, Any]]:
+    rows = []
+    for jid, worker, in_state in scan.running:
+        n = latest_attempt(tree, jid)
+        progress: Progress | None = None
+        rec: AttemptRecord | None = None
+        used = 0
+        if n is not None:
+            d = tree.attempt_dir(jid, n)
+            progress = read(d / "progress.json", Progress)
+            rec = read(d / "attempt.json", AttemptRecord)
+            used = disk_used(d / "work")
+        rows.append(
+            {
+                "job_id": jid,
+                "worker": worker,
+                "attempt": n,
+                "claimed_at": rec.claimed_at if rec else None,
+                "seconds": round(in_state, 1),
+                "progress": progress,
+                "disk_used": used,
+            }
+        )
+    return rows
+
+
+def last_failure(tree: Tree, job_id: str) -> Failure | None:
+    """The failure record of the job's latest attempt that has one."""
+    for n in reversed(attempt_numbers(tree, job_id)):
+        f: Failure | None = read(tree.attempt_dir(job_id, n) / "failure.json", Failure)
+        if f is not None:
+            return f
+    return None
+
+
+def failed_rows(tree: Tree, scan: QueueScan) -> list[dict[str, Any]]:
+    rows = []
+    for ct, jid in scan.failed:
+        f = last_failure(tree, jid)
+        rows.append(
+            {
+                "job_id": jid,
+                "attempt": f.attempt if f else None,
+                "stage": f.stage if f else "unknown",
+                "property": f.property if f else "unknown",
+                "expected": f.expected if f else None,
+                "actual": f.actual if f else None,
+                "message": f.message if f else "no failure record found",
+                "next_action": f.next_action if f else "Run spool fsck: a failed job should have a record.",
+                "failed_at": f.failed_at if f else datetime.fromtimestamp(ct, UTC),
+            }
+        )
+    return rows
+
+
+def rejected_rows(tree: Tree, scan: QueueScan) -> list[dict[str, Any]]:
+    rows = []
+    for _ct, name in scan.rejected:
+        rec = read(tree.rejected / f"{name}.error.json", Rejection)
+        if rec is not None:
+            rows.append(
+                {
+                    "name": name,
+                    "file": rec.file,
+                    "field": rec.field,
+                    "reason": rec.reason,
+                    "at": rec.rejected_at,
+                }
+            )
+    return rows
+
+
+def worker_rows(tree: Tree, cfg: Config, now: float, running: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every worker with a record, attention first: health, slots, disk, heartbeat."""
+    try:
+        healths = liveness.assess_all(tree, cfg.recovery.stale_after)
+    except OSError:  # a read-only viewer cannot ask the file server for the time
+        recs = [r for r in (read(tree.workers / n, WorkerRecord) for n in visible_names(tree.workers)) if r]
+        healths = [liveness.assess(tree, r, cfg.recovery.stale_after, server_time=now) for r in recs]
+    disk: dict[str, int] = {}
+    jobs: dict[str, int] = {}
+    for r in running:
+        disk[r["worker"]] = disk.get(r["worker"], 0) + r["disk_used"]
+        jobs[r["worker"]] = jobs.get(r["worker"], 0) + 1
+    rows = []
+    for h in healths:
+        rec = h.record
+        try:
+            beat_age = max(0.0, now - tree.worker_file(rec.worker).stat().st_mtime)
+        except FileNotFoundError:
+            beat_age = None
+        rows.append(
+            {
+                "worker": rec.worker,
+                "host": rec.host,
+                "state": rec.state,
+                "health": h.health,
+                "reason": h.reason,
+                "active": len(rec.active),
+                "max_active": rec.max_active,
+                "jobs": jobs.get(rec.worker, 0),
+                "disk_used": disk.get(rec.worker, 0),
+                "disk_limit": rec.temp_disk_limit,
+                "heartbeat_age": None if beat_age is None else round(beat_age, 1),
+                "version": rec.version,
+            }
+        )
+    return rows
+
+
+def _instance(worker: str, host: str) -> str:
+    return worker[len(host) + 1 :] if worker.startswith(f"{host}-") else worker
+
+
+def attention(
+    counts: dict[str, int],
+    workers: list[dict[str, Any]],
+    failed: list[dict[str, Any]],
+    rejected: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """What a human should act on, most urgent first, each with its next action."""
+    items: list[dict[str, Any]] = []
+    for w in workers:
+        jobs = f"; {w['jobs']} job(s) in running/{w['worker']}/" if w["jobs"] else ""
+        if w["health"] == "dead":
+            unit = f"spoold@{_instance(w['worker'], w['host'])}"
+            items.append(
+                {
+                    "kind": "worker",
+                    "subject": w["worker"],
+                    "problem": f"dead: {w['reason']}{jobs}",
+                    "next_action": f"Start it again (systemctl restart {unit}): at start it recovers "
+                    f"its own jobs. Or run: spool recover --worker {w['worker']}",
+                }
+            )
+        elif w["health"] == "suspect":
+            items.append(
+                {
+                    "kind": "worker",
+                    "subject": w["worker"],
+                    "problem": f"suspect: {w['reason']}{jobs}",
+                    "next_action": f"Check host {w['host']}. If the worker is gone for good, run: "
+                    f"spool recover --worker {w['worker']}",
+                }
+            )
+    if counts["pending"] + counts["incoming"] and not any(w["health"] == "alive" for w in workers):
+        waiting = counts["pending"] + counts["incoming"]
+        items.append(
+            {
+                "kind": "queue",
+                "subject": "workers",
+                "problem": f"{waiting} job(s) waiting and no worker is alive",
+                "next_action": "Start a worker: systemctl start spoold@NAME, or spoold run --spool DIR.",
+            }
+        )
+    for f in failed:
+        what = f"{f['stage']}: {f['property']}: {f['message']}"
+        if f["expected"] is not None or f["actual"] is not None:
+            what += f" (expected {f['expected']}, got {f['actual']})"
+        items.append(
+            {"kind": "failed", "subject": f["job_id"], "problem": what, "next_action": f["next_action"]}
+        )
+    for r in rejected:
+        items.append(
+            {
+                "kind": "rejected",
+                "subject": r["file"],
+                "problem": r["reason"],
+                "next_action": f"Fix the submission and submit it again (copy: rejected/{r['name']}.json).",
+            }
+        )
+    return items
+
+
+def recent_outputs(tree: Tree, limit: int) -> list[dict[str, Any]]:
+    """The newest published outputs (by manifest time), with hash and thumbnail."""
+    if limit <= 0:
+        return []
+    rows = []
+    for _ct, jid in _scan(tree.manifests, stat=True, keep=limit).newest:
+        m = read(tree.manifest_file(jid), Manifest)
+        if m is None:
+            continue
+        rows.append(
+            {
+                "job_id": jid,
+                "file": m.output.file,
+                "sha256": m.output.sha256,
+                "size": m.output.size,
+                "store_path": m.output.store_path,
+                "published_at": m.published_at,
+                "worker": m.worker,
+                "tags": m.tags,
+                "thumbnail": thumbs.url(tree, m.output.sha256),
+            }
+        )
+    return rows
+
+
+def overview(tree: Tree, cfg: Config, *, limit: int = 10, recent: int = 0) -> dict[str, Any]:
+    """Everything the status views show. Keeps the keys of :func:`spool.status.report`
+    (``spool``, ``counts``, ``oldest_pending_age``, ``running``, ``failed``,
+    ``rejected``, ``workers``) and adds ``oldest_age``, ``attention``, ``recent``."""
+    now = clock(tree)
+    scan = scan_queue(tree, now, keep=limit)
+    running = running_rows(tree, scan)
+    failed = failed_rows(tree, scan)
+    rejected = rejected_rows(tree, scan)
+    workers = worker_rows(tree, cfg, now, running)
+    return {
+        "spool": str(tree.root),
+        "generated_at": now,
+        "counts": scan.counts,
+        "oldest_pending_age": scan.oldest_age["pending"],
+        "oldest_age": scan.oldest_age,
+        "running": running,
+        "attention": attention(scan.counts, workers, failed, rejected),
+        "failed": failed,
+        "rejected": rejected,
+        "workers": workers,
+        "recent": recent_outputs(tree, recent),
+    }
+
+
+def approvals(tree: Tree, job_id: str) -> list[dict[str, Any]]:
+    """Approval records of a job, if any (``approvals/<job>/*.json`` or
+    ``approvals/<job>.json``). Approval is a separate, later feature; this
+    reads whatever JSON objects are there and shows them as they are."""
+    folder = tree.root / "approvals"
+    paths = [folder / f"{job_id}.json"]
+    try:
+        paths += sorted(p for p in (folder / job_id).iterdir() if p.suffix == ".json" and is_visible(p.name))
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    out = []
+    for p in paths:
+        try:
+            value = msgspec.json.decode(p.read_bytes())
+        except (OSError, msgspec.DecodeError):
+            continue
+        if isinstance(value, dict):
+            out.append(value)
+    return out
+
+
+def job_detail(tree: Tree, job_id: str) -> dict[str, Any] | None:
+    """One job as ``spool show`` and the job page present it: the keys of
+    :func:`spool.status.show` plus its ``timeline`` from the journal, ``approvals``
+    and the output's ``thumbnail``."""
+    info = show(tree, job_id)
+    if info is None:
+        return None
+    m: Manifest | None = info["manifest"]
+    info["timeline"] = eventlog.history(tree, job_id)
+    info["approvals"] = approvals(tree, job_id)
+    info["thumbnail"] = thumbs.url(tree, m.output.sha256) if m else None
+    return info

@@ -1,0 +1,103 @@
+"""Hooks that let people see what a daemon does: its metrics file and poster frames.
+
+Both only observe. Neither can fail or slow a job: the metrics hook counts
+events under a lock and writes its file from the loop thread between steps;
+the thumbnail hook hands finished jobs to a background thread of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from spool import metrics, overview, thumbs
+from spool.model import Event, Manifest
+from spool.status import read
+from spool.tree import make_dirs
+
+from .hooks import Hook
+
+if TYPE_CHECKING:
+    from .daemon import Daemon
+
+log = logging.getLogger("spoold.observers")
+
+
+class Metrics(Hook):
+    """Keeps ``<metrics_dir>/spool-<worker>.prom`` up to date (see :mod:`spool.metrics`)."""
+
+    def __init__(self) -> None:
+        self.counters = metrics.WorkerCounters()
+        self.path: Path | None = None
+        self._due = 0.0
+
+    def started(self, daemon: Daemon) -> None:
+        folder = metrics.folder(daemon.tree, daemon.cfg)
+        if folder is None:
+            return
+        make_dirs(folder)
+        self.path = metrics.file_for(folder, daemon.worker)
+        self.write(daemon)
+
+    def event(self, daemon: Daemon, event: Event) -> None:
+        self.counters.observe(event)
+
+    def tick(self, daemon: Daemon) -> None:
+        if self.path is not None and time.monotonic() >= self._due:
+            self.write(daemon)
+
+    def stopped(self, daemon: Daemon) -> None:
+        if self.path is not None:
+            self.write(daemon)
+
+    def write(self, daemon: Daemon) -> None:
+        assert self.path is not None
+        self._due = time.monotonic() + daemon.cfg.observe.metrics_interval
+        fams = self.counters.families(
+            daemon.worker, daemon.stats, daemon.cfg.limits.max_active, len(daemon.slots)
+        )
+        fams += metrics.queue_families(daemon.tree, daemon.worker, overview.clock(daemon.tree))
+        metrics.write(self.path, fams)
+
+
+class Thumbnails(Hook):
+    """Makes the poster frame of every job this daemon completes, off the job's thread."""
+
+    #: Seconds the daemon waits at stop for thumbnails already queued.
+    STOP_WAIT = 20.0
+
+    def __init__(self) -> None:
+        self.jobs: queue.Queue[str | None] = queue.Queue()
+        self.thread: threading.Thread | None = None
+
+    def started(self, daemon: Daemon) -> None:
+        if daemon.cfg.observe.thumbnail_width == 0:
+            return
+        self.thread = threading.Thread(target=self._run, args=(daemon,), name="thumbnails", daemon=True)
+        self.thread.start()
+
+    def event(self, daemon: Daemon, event: Event) -> None:
+        if self.thread is not None and event.to == "complete":
+            self.jobs.put(event.job)
+
+    def stopped(self, daemon: Daemon) -> None:
+        if self.thread is not None:
+            self.jobs.put(None)
+            self.thread.join(timeout=self.STOP_WAIT)
+
+    def _run(self, daemon: Daemon) -> None:
+        while (job_id := self.jobs.get()) is not None:
+            try:
+                m = read(daemon.tree.manifest_file(job_id), Manifest)
+                if m is not None:
+                    made = thumbs.make(daemon.tree, daemon.cfg, m)
+                    if made is not None:
+                        log.debug("%s: poster frame %s", job_id, daemon.tree.relative(made))
+            except thumbs.ThumbnailError as exc:
+                log.warning("%s: no poster frame: %s", job_id, exc)
+            except Exception:  # a courtesy must never take the daemon down
+                log.exception("%s: making the poster frame failed", job_id)
