@@ -48,7 +48,7 @@ def parse_json(data: bytes, what: str = "submission") -> Any:
     if text.startswith("\ufeff"):
         text = text[1:]
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+        value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
     except _DuplicateKey as exc:
         raise InvalidInput(what, f"key {str(exc)!r} appears twice in one object") from None
     except ValueError as exc:
@@ -58,6 +58,34 @@ def parse_json(data: bytes, what: str = "submission") -> Any:
         raise InvalidInput(what, msg) from None
     except RecursionError:
         raise InvalidInput(what, "is nested too deeply") from None
+    bad = _unpaired_surrogate(value, "")
+    if bad is not None:
+        raise InvalidInput(
+            bad or what, "contains an unpaired surrogate escape (such as \\ud800), which is not text"
+        )
+    return value
+
+
+def _unpaired_surrogate(value: Any, path: str) -> str | None:
+    """The path of the first string that cannot be UTF-8 (a lone \\udXXX escape)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path
+        return None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            sub = f"{path}.{k}" if path else str(k)
+            if (found := _unpaired_surrogate(k, sub)) is not None or (
+                found := _unpaired_surrogate(v, sub)
+            ) is not None:
+                return found
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            if (found := _unpaired_surrogate(v, f"{path}[{i}]")) is not None:
+                return found
+    return None
 
 
 def convert(value: Any, typ: type[T], prefix: str = "") -> T:

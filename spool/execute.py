@@ -201,7 +201,19 @@ def _render(ctx: Context, job: Job, attempt: Attempt) -> tuple[Path, float]:
             first[0] = False
             crashpoint("mid_render")  # FFmpeg has written part of the output
 
-    out = render.run(cmd, attempt, ctx.cfg.limits, stop=ctx.stop, on_progress=on_progress)
+    try:
+        out = render.run(cmd, attempt, ctx.cfg.limits, stop=ctx.stop, on_progress=on_progress)
+    except FileNotFoundError as exc:
+        if exc.filename != cmd.argv[0]:
+            raise
+        raise _Failed(
+            "render",
+            "ffmpeg",
+            f"{cmd.argv[0]} cannot be run ({exc.strerror})",
+            expected="an FFmpeg executable",
+            actual="not found",
+            next_action="Install FFmpeg or fix [render] ffmpeg in spool.toml, then spool retry the job.",
+        ) from None
     if out.stopped == "interrupted":
         raise _Interrupted()
     if out.stopped == "timeout":

@@ -138,6 +138,27 @@ def summarize(info: dict[str, Any]) -> ProbeSummary:
     )
 
 
+def ebml_doctype(path: Path | str) -> str | None:
+    """The DocType of a Matroska/WebM file ("webm" or "matroska"), from its EBML header."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return None
+    i = head.find(b"\x42\x82")  # the DocType element's ID
+    if i < 0 or i + 3 > len(head):
+        return None
+    first = head[i + 2]
+    width = next((n for n in range(8) if first & (0x80 >> n)), None)
+    if width is None:
+        return None
+    size = first & (0xFF >> (width + 1))
+    for b in head[i + 3 : i + 3 + width]:
+        size = (size << 8) | b
+    start = i + 3 + width
+    return head[start : start + size].decode("ascii", "replace") or None
+
+
 def is_indirect(info: dict[str, Any]) -> bool:
     """Formats that are lists of other files: never accepted as sources."""
     names = set(str(info.get("format", {}).get("format_name", "")).split(","))

@@ -484,6 +484,9 @@ def _dims(src: Source) -> tuple[int, int]:
 
 
 def _fit(video: ffmpeg.nodes.FilterableStream, s: Fit) -> ffmpeg.nodes.FilterableStream:
+    # Square the pixels first: an anamorphic source (HDV, PAL widescreen) is
+    # stored narrower than it is shown, and fitting its stored size would squeeze it.
+    video = video.filter("scale", "trunc(iw*sar/2)*2", "ih").filter("setsar", 1)
     if s.mode == "pad":
         video = video.filter(
             "scale", s.width, s.height, force_original_aspect_ratio="decrease", force_divisible_by=2

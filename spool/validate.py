@@ -28,20 +28,29 @@ def _eq(name: str, expected: Any, actual: Any) -> Check:
     return Check(name=name, expected=expected, actual=actual, ok=expected == actual)
 
 
-def check_probe(info: dict[str, Any] | None, container: str, expect: Expect, tolerance: float) -> list[Check]:
+def _container_check(fmt: dict[str, Any], container: str, doctype: str | None) -> Check:
+    """ffprobe's format_name is shared by mp4 and mov ("mov,mp4,...") and by every
+    Matroska file ("matroska,webm"): the mp4 brand and the EBML DocType tell them apart."""
+    names = str(fmt.get("format_name", ""))
+    ok = CONTAINER_FORMATS[container] in names.split(",")
+    actual = names
+    if ok and container in ("mp4", "mov"):
+        brand = str((fmt.get("tags") or {}).get("major_brand", "")).strip()
+        if (brand == "qt") != (container == "mov"):
+            ok, actual = False, f"{names} (major brand {brand or 'none'})"
+    if ok and container == "webm" and doctype is not None and doctype != "webm":
+        ok, actual = False, f"{names} (DocType {doctype})"
+    return Check(name="container", expected=container, actual=actual, ok=ok)
+
+
+def check_probe(
+    info: dict[str, Any] | None, container: str, expect: Expect, tolerance: float, doctype: str | None = None
+) -> list[Check]:
     """Pure: the probe report against the expectations."""
     if info is None:
         return [Check(name="container", expected=container, actual="unreadable", ok=False)]
     fmt = info.get("format", {})
-    names = str(fmt.get("format_name", ""))
-    checks = [
-        Check(
-            name="container",
-            expected=container,
-            actual=names,
-            ok=CONTAINER_FORMATS[container] in names.split(","),
-        )
-    ]
+    checks = [_container_check(fmt, container, doctype)]
     video = probe.streams_of(info, "video")
     audio = probe.streams_of(info, "audio")
     subs = probe.streams_of(info, "subtitle")
@@ -120,6 +129,8 @@ def decode_check(path: Path, cfg: Config, duration: float | None, log: Path) -> 
             f"file:{path}",
             "-map",
             "0",
+            "-sn",  # subtitles and data are not decoded media; the null muxer has no encoder for them
+            "-dn",
             "-f",
             "null",
             "-",
@@ -160,7 +171,8 @@ def validate(candidate: Path, container: str, expect: Expect, cfg: Config, log: 
         info = None
         with open(log, "ab") as f:
             f.write(f"[probe] {exc}\n".encode())
-    checks = check_probe(info, container, expect, cfg.validation.duration_tolerance)
+    doctype = probe.ebml_doctype(candidate) if container == "webm" else None
+    checks = check_probe(info, container, expect, cfg.validation.duration_tolerance, doctype)
     if info is not None and cfg.validation.decode_check != "none":
         checks.append(decode_check(candidate, cfg, expect.duration, log))
     return ValidationReport(

@@ -128,4 +128,4 @@ def test_ffmpeg_failure_is_a_render_stage_failure(tree, cfg, journal, assets):
     ctx = execute.Context(tree, cfg, "w1", journal, threading.Event())
     assert execute.execute(ctx, job.job_id) == "failed"
     f = decode((tree.attempt_dir(job.job_id, 1) / "failure.json").read_bytes(), Failure)
-    assert f.stage == "render"
+    assert f.stage == "render" and f.property == "ffmpeg" and not f.retryable

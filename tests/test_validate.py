@@ -224,19 +224,7 @@ def test_a_missed_expectation_fails_with_expected_and_actual(files, tmp_path, ke
         assert "audio_codec" not in by_name(report)  # no audio stream: nothing to compare
 
 
-SUBTITLE_BUG = (
-    "BUG: decode_check runs `ffmpeg -map 0 -f null -`, which has no encoder for a subtitle stream, "
-    "so any file with subtitles fails the decode check ('Automatic encoder selection failed')"
-)
-
-
-@pytest.mark.parametrize(
-    "key",
-    [
-        k if k != "subs" else pytest.param(k, marks=pytest.mark.xfail(strict=True, reason=SUBTITLE_BUG))
-        for k in MISSES
-    ],
-)
+@pytest.mark.parametrize("key", list(MISSES))
 def test_sound_files_pass_the_decode_check(files, tmp_path, key):
     # These files miss an expectation but are not damaged: decoding them finds nothing.
     report = run(files[key], tmp_path, expect=Expect(), mode="full")
@@ -377,22 +365,12 @@ def test_decode_none_skips_decoding(files, tmp_path):
 # -- the container check names the container, not the demuxer family --------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the container check compares against ffprobe's format_name, which is "
-    "'mov,mp4,m4a,3gp,3g2,mj2' for both MP4 and QuickTime, so a .mov passes as mp4",
-)
 def test_quicktime_file_does_not_pass_as_mp4(files, tmp_path):
     report = run(files["mov"], tmp_path)
     c = by_name(report)["container"]
     assert not c.ok and c.expected == "mp4"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the container check compares against ffprobe's format_name, which is "
-    "'matroska,webm' for every Matroska file, so a .mkv passes as webm",
-)
 def test_matroska_file_does_not_pass_as_webm(files, tmp_path):
     expect = Expect(video_codec="vp9", audio_codec="opus", width=160, height=120)
     report = run(files["vp9_mkv"], tmp_path, container="webm", expect=expect)
