@@ -1,63 +1,74 @@
-"""Commands that look at the queue: status, ls, show, logs."""
+"""Commands that look at the queue: status, watch, ls, show, logs, events, metrics, serve.
+
+None of them changes the spool. The facts come from :mod:`spool.overview`
+(status, watch, the page), :mod:`spool.eventlog` (events, show's timeline)
+and :mod:`spool.metrics`; how they look in a terminal from :mod:`.views`.
+"""
 
 from __future__ import annotations
 
+import os
+import select
+import stat
 import sys
 import time
 from typing import Annotated
 
 import typer
+from rich.console import Console
+from rich.live import Live
 
-from .. import status
+from .. import config, eventlog, metrics, overview, status, web
+from ..config import Config
 from ..errors import InvalidInput, NotFound, SpoolError
-from .common import JsonOpt, SpoolOpt, app, bar, fail, human_seconds, open_tree, print_json
+from ..tree import Tree
+from . import views
+from .common import JsonOpt, SpoolOpt, app, fail, open_tree, print_json
+
+
+def _open(spool: SpoolOpt, as_json: bool) -> tuple[Tree, Config]:
+    try:
+        tree = open_tree(spool)
+        return tree, config.load(tree.config_file)
+    except SpoolError as exc:
+        raise fail(exc, as_json) from None
+
+
+def _console() -> Console:
+    """Styles on a terminal; plain, unwrapped lines in a pipe or file."""
+    if sys.stdout.isatty():
+        return Console(highlight=False)
+    return Console(highlight=False, width=1000, no_color=True, soft_wrap=True)
 
 
 @app.command("status")
 def status_cmd(spool: SpoolOpt = None, as_json: JsonOpt = False) -> None:
-    """Counts per state, running jobs with progress, and what needs attention."""
-    try:
-        tree = open_tree(spool)
-    except SpoolError as exc:
-        raise fail(exc, as_json) from None
-    report = status.report(tree)
+    """What is waiting, what is running, what needs attention, and the workers."""
+    tree, cfg = _open(spool, as_json)
+    ov = overview.overview(tree, cfg)
     if as_json:
-        print_json(report)
+        print_json(ov)
         return
-    c = report["counts"]
-    typer.echo(f"spool {tree.root}")
-    typer.echo("  " + "  ".join(f"{k} {v}" for k, v in c.items()))
-    if report["oldest_pending_age"] is not None:
-        typer.echo(f"  oldest pending job waiting {human_seconds(report['oldest_pending_age'])}")
-    if report["running"]:
-        typer.echo("\nRunning")
-        for r in report["running"]:
-            p = r["progress"]
-            if p is None:
-                typer.echo(f"  {r['job_id']:<32} {r['worker']:<20} starting")
-                continue
-            fps = f"{p.fps:.0f} fps" if p.fps else "- fps"
-            speed = f"{p.speed:.2f}x" if p.speed else "-"
-            eta = human_seconds(p.eta_seconds) if p.eta_seconds is not None else "?"
-            pct = f"{p.percent:5.1f}%" if p.percent is not None else "    ?"
-            typer.echo(
-                f"  {r['job_id']:<32} {r['worker']:<20} {bar(p.percent)} {pct} {fps} {speed} ETA {eta}"
-            )
-    attention = report["failed"] or report["rejected"]
-    if attention:
-        typer.echo("\nNeeds attention")
-        for f in report["failed"]:
-            typer.echo(f"  failed    {f['job_id']}: {f['stage']}: {f['property']}: {f['message']}")
-            typer.echo(f"            next: {f['next_action']}")
-        for r in report["rejected"]:
-            typer.echo(f"  rejected  {r['file']}: {r['reason']}")
-    if report["workers"]:
-        typer.echo("\nWorkers")
-        for w in report["workers"]:
-            typer.echo(
-                f"  {w['worker']:<24} {w['state']:<9} {w['active']}/{w['max_active']} slots"
-                f"  heartbeat {human_seconds(w['heartbeat_age'])} ago"
-            )
+    _console().print(views.status_view(ov))
+
+
+@app.command()
+def watch(
+    interval: Annotated[
+        float, typer.Option("--interval", "-n", min=0.2, help="Seconds between updates.")
+    ] = 1.0,
+    spool: SpoolOpt = None,
+) -> None:
+    """``spool status``, redrawn live from the filesystem until Ctrl-C."""
+    tree, cfg = _open(spool, False)
+    console = Console(highlight=False)
+    try:
+        with Live(console=console, screen=console.is_terminal, auto_refresh=False) as live:
+            while True:
+                live.update(views.status_view(overview.overview(tree, cfg)), refresh=True)
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
 
 
 @app.command("ls")
@@ -95,10 +106,10 @@ def show(
     spool: SpoolOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """One job: its state, attempts, failure and manifest."""
+    """One job: its timeline, attempts, failure, manifest and approvals."""
     try:
         tree = open_tree(spool)
-        info = status.show(tree, job)
+        info = overview.job_detail(tree, job)
         if info is None:
             raise NotFound(f"no job {job} in {tree.root}")
     except SpoolError as exc:
@@ -106,29 +117,7 @@ def show(
     if as_json:
         print_json(info)
         return
-    j = info["job"]
-    typer.echo(f"{j.job_id}  {info['state']}" + (f" on {info['worker']}" if info["worker"] else ""))
-    typer.echo(f"  submitted {j.submitted_at:%Y-%m-%d %H:%M:%S} by {j.submitted_by}, priority {j.priority}")
-    if j.supersedes:
-        typer.echo(f"  supersedes {j.supersedes}")
-    typer.echo(f"  recipe {j.recipe_hash[:16]}  output {j.output.file}")
-    typer.echo("  sources: " + ", ".join(f"{s.role}={s.path}" for s in j.sources))
-    typer.echo("  tags: " + ", ".join(f"{k}={v}" for k, v in sorted(j.tags.items())))
-    for a in info["attempts"]:
-        when = f"{a['claimed_at']:%Y-%m-%d %H:%M:%S}" if a["claimed_at"] else "?"
-        typer.echo(f"  attempt {a['n']}: {a['worker']} at {when}: {a['outcome']}")
-    f = info["failure"]
-    if f is not None:
-        typer.echo(f"  failure: {f.stage}: {f.property}: {f.message}")
-        if f.expected is not None or f.actual is not None:
-            typer.echo(f"    expected {f.expected}, got {f.actual}")
-        for line in f.log_excerpt[-5:]:
-            typer.echo(f"    | {line}")
-        typer.echo(f"  next: {f.next_action}")
-    m = info["manifest"]
-    if m is not None:
-        typer.echo(f"  output: {m.output.store_path}")
-        typer.echo(f"    sha256 {m.output.sha256}  {m.output.size} bytes  (attempt {m.attempt})")
+    _console().print(views.show_view(info))
 
 
 @app.command()
@@ -166,3 +155,141 @@ def logs(
         if not follow or loc is None or loc.state != "running":
             break
         time.sleep(0.5)
+
+
+# -- events ----------------------------------------------------------------------------------
+
+#: Seconds between looks at the journal while following.
+FOLLOW_EVERY = 0.25
+
+
+def _reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader has exited (``| grep -m1`` is done)."""
+    try:
+        fd = sys.stdout.fileno()
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return False
+        p = select.poll()
+        p.register(fd, 0)  # POLLERR and POLLHUP are always reported
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in p.poll(0))
+    except (OSError, ValueError):
+        return False
+
+
+@app.command()
+def events(
+    follow: Annotated[
+        bool, typer.Option("-f", "--follow", help="Keep printing new events, like tail -f.")
+    ] = False,
+    job: Annotated[str | None, typer.Option("--job", help="Only this job's events.")] = None,
+    lines: Annotated[
+        int | None,
+        typer.Option("-n", "--lines", min=0, help="Print only the last N past events (default all)."),
+    ] = None,
+    until: Annotated[
+        str | None,
+        typer.Option(
+            "--until",
+            help="Follow until an event goes to one of these states (comma-separated, e.g. complete,failed), "
+            "then exit 0. A job already there stops it at once.",
+        ),
+    ] = None,
+    spool: SpoolOpt = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the journal's JSON lines as they are.")
+    ] = False,
+) -> None:
+    """The transition journal of every writer, merged in time order; -f follows it."""
+    try:
+        tree = open_tree(spool)
+    except SpoolError as exc:
+        raise fail(exc, as_json) from None
+    stop = {s.strip() for s in until.split(",") if s.strip()} if until else set()
+    console = _console()
+    out = sys.stdout.buffer
+
+    def emit(batch: list[eventlog.Line]) -> None:
+        for line in batch:
+            if as_json:
+                out.write(line.raw)
+            else:
+                console.print(views.event_line(line.event))
+        sys.stdout.flush()
+
+    follower = eventlog.Follower(tree, job)
+    try:
+        past = follower.poll()
+        emit(past if lines is None else past[-lines:] if lines else [])
+        if stop and past and past[-1].event.to in stop:
+            return  # already there: only the latest event says where a job is now
+        while follow or stop:
+            time.sleep(FOLLOW_EVERY)
+            if _reader_gone():
+                return
+            for line in follower.poll():
+                emit([line])
+                if line.event.to in stop:
+                    return
+    except KeyboardInterrupt:
+        return
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return
+
+
+# -- metrics and the status page -------------------------------------------------------------------
+
+
+@app.command("metrics")
+def metrics_cmd(
+    worker: Annotated[str | None, typer.Option("--worker", help="Only this worker's series.")] = None,
+    spool: SpoolOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The Prometheus metrics the workers wrote, merged into one exposition."""
+    tree, cfg = _open(spool, as_json)
+    folder = metrics.folder(tree, cfg)
+    if folder is None:
+        raise fail(
+            InvalidInput("observe.metrics_dir", "is empty in spool.toml, so no metrics are written"), as_json
+        )
+    fams = metrics.merged(folder)
+    if worker is not None:
+        for f in fams:
+            f.samples = [s for s in f.samples if s.labels.get("worker") == worker]
+        fams = [f for f in fams if f.samples]
+    if as_json:
+        print_json(fams)
+        return
+    if not fams:
+        typer.echo(
+            f"spool: no metrics in {folder} yet; every running spoold writes its own file there", err=True
+        )
+        return
+    sys.stdout.write(metrics.exposition(fams))
+
+
+@app.command()
+def serve(
+    bind: Annotated[
+        str | None, typer.Option("--bind", help="HOST:PORT to listen on (default: [observe] bind).")
+    ] = None,
+    spool: SpoolOpt = None,
+) -> None:
+    """Serve the read-only status page and its JSON until Ctrl-C."""
+    tree, cfg = _open(spool, False)
+    try:
+        host, port = web.parse_bind(bind or cfg.observe.bind)
+    except ValueError as exc:
+        raise fail(InvalidInput("--bind", str(exc)), False) from None
+
+    def ready(url: str) -> None:
+        typer.echo(f"serving {url} for {tree.root} (read-only; Ctrl-C to stop)")
+        sys.stdout.flush()
+
+    try:
+        web.serve(tree, cfg, host, port, ready)
+    except OSError as exc:
+        raise fail(SpoolError(f"cannot listen on {host}:{port} ({exc.strerror})"), False) from None
+    except KeyboardInterrupt:
+        pass

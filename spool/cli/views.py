@@ -67,7 +67,9 @@ def _progress_cells(p: Progress | None) -> list[RenderableType]:
 def status_view(ov: dict[str, Any]) -> Group:
     """The whole ``spool status`` screen."""
     parts: list[RenderableType] = []
-    head = Text.assemble(("spool ", "bold"), (ov["spool"], "bold"), ("   at ", "dim"), (local(ov["generated_at"]), "dim"))
+    head = Text.assemble(
+        ("spool ", "bold"), (ov["spool"], "bold"), ("   at ", "dim"), (local(ov["generated_at"]), "dim")
+    )
     parts.append(head)
     counts = Text("  ")
     ages = ov["oldest_age"]
@@ -171,8 +173,8 @@ def _manifest(m: Manifest, thumbnail: str | None) -> list[RenderableType]:
         Text(f"  sha256 {m.output.sha256}  {human_bytes(m.output.size)}  ({m.output.size} bytes)"),
         Text(
             f"  attempt {m.attempt} on {m.worker}, published {local(m.published_at)}; "
-            f"render {m.render_seconds:.1f} s, validation {m.validate_seconds:.1f} s ({v.decode_check} decode, "
-            f"{checks})"
+            f"render {m.render_seconds:.1f} s, validation {m.validate_seconds:.1f} s "
+            f"({v.decode_check} decode, {checks})"
         ),
     ]
     if thumbnail:
