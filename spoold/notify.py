@@ -7,8 +7,8 @@ message is one datagram of newline-separated ``KEY=VALUE`` lines. The daemon
 sends:
 
 * ``READY=1`` once it holds its identity and has recovered its own jobs;
-* ``STATUS=2 running, 14 pending, 1 failed`` when that changes (counted at
-  most every :attr:`SystemdNotify.STATUS_EVERY` seconds, names only);
+* ``STATUS=2 running, 14 pending, 1 failed`` when that changes (recounted,
+  names only, once per ``heartbeat_interval``);
 * ``WATCHDOG=1`` every half of ``$WATCHDOG_USEC``, only from the loop thread
   (a tick, or an event the loop itself recorded while accepting a long drop),
   so a hung loop stops the pings and systemd restarts the daemon;
@@ -116,9 +116,6 @@ def queue_status(daemon: Daemon) -> str:
 class SystemdNotify(Hook):
     """Tells systemd when the daemon is ready, how it is doing, that it lives, and that it stops."""
 
-    #: Seconds between recounts for ``STATUS=``.
-    STATUS_EVERY = 5.0
-
     def __init__(self, environ: dict[str, str] | os._Environ[str] | None = None) -> None:
         env = os.environ if environ is None else environ
         self.notifier = Notifier(env.get("NOTIFY_SOCKET"))
@@ -133,7 +130,7 @@ class SystemdNotify(Hook):
     def started(self, daemon: Daemon) -> None:
         if self.notifier.enabled:
             self._status = queue_status(daemon)
-            self._next_status = time.monotonic() + self.STATUS_EVERY
+            self._next_status = time.monotonic() + daemon.cfg.daemon.heartbeat_interval
             self.notifier.send("READY=1", f"STATUS={self._status}")
 
     def tick(self, daemon: Daemon) -> None:
@@ -142,7 +139,7 @@ class SystemdNotify(Hook):
         self._ping()
         now = time.monotonic()
         if now >= self._next_status:
-            self._next_status = now + self.STATUS_EVERY
+            self._next_status = now + daemon.cfg.daemon.heartbeat_interval
             self._update(queue_status(daemon))
 
     def event(self, daemon: Daemon, event: Event) -> None:
