@@ -1,0 +1,194 @@
+"""Commands that repair and maintain a spool: recover, fsck, gc, verify."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from .. import config, fsck, gc, recover, status, store
+from ..errors import EXIT_ERROR, NotFound, SpoolError
+from ..events import Journal
+from ..execute import Context, check_candidate
+from ..model import Job, Manifest
+from ..tree import HOST
+from ..workers import Identity
+from .common import JsonOpt, SpoolOpt, app, fail, open_tree, print_json
+
+#: The identity ``spool recover`` acts under while it holds recovered jobs.
+RECOVERER = f"{HOST}-recover"
+
+
+@app.command("recover")
+def recover_cmd(
+    worker: Annotated[
+        str | None, typer.Option(help="Recover this worker's jobs (also when only suspect).")
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only say what would be done and why.")] = False,
+    force: Annotated[
+        bool, typer.Option(help="Recover a worker that looks alive (you know it is hung).")
+    ] = False,
+    spool: SpoolOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Inspect interrupted attempts and recover them by evidence (dead workers; suspect ones when named)."""
+    import threading
+
+    try:
+        tree = open_tree(spool)
+        cfg = config.load(tree.config_file)
+    except SpoolError as exc:
+        raise fail(exc, as_json) from None
+    ident = Identity(tree, RECOVERER)
+    if not dry_run:
+        try:
+            ident.acquire()
+        except SpoolError as exc:
+            raise fail(exc, as_json) from None
+    try:
+        ctx = Context(tree, cfg, RECOVERER, Journal(tree, RECOVERER), threading.Event())
+        if not dry_run:
+            # Our own folder first: jobs a crashed earlier `spool recover` left holding.
+            recover.adopt(ctx)
+        plans = recover.plan(ctx, worker=worker, force=force)
+        done = [] if dry_run else recover.execute_plan(ctx, plans)
+    finally:
+        ident.release()
+    if worker is not None and not any(p.worker == worker for p in plans):
+        raise fail(NotFound(f"worker {worker} has no jobs in running/"), as_json)
+    rows: list[dict[str, Any]] = [
+        {
+            "worker": p.worker,
+            "health": p.health,
+            "evidence": p.evidence,
+            "act": p.act,
+            "why": p.why,
+            "jobs": [
+                {"job_id": o.job_id, "decision": o.decision, "reason": o.reason, "to": o.to_state}
+                for o in p.jobs
+            ],
+        }
+        for p in plans
+    ]
+    if as_json:
+        print_json(
+            {
+                "dry_run": dry_run,
+                "workers": rows,
+                "done": [{"job_id": o.job_id, "decision": o.decision, "to": o.to_state} for o in done],
+            }
+        )
+        return
+    if not plans:
+        typer.echo("nothing to recover: no other worker holds jobs in running/")
+    for p in plans:
+        verb = ("would recover" if dry_run else "recovering") if p.act else "leaving"
+        typer.echo(f"{p.worker}: {p.health}: {p.evidence}")
+        typer.echo(f"  {verb} its {len(p.jobs)} job(s): {p.why}")
+        for o in p.jobs:
+            typer.echo(f"    {o.job_id}: {o.decision} -> {o.to_state}: {o.reason}")
+    for o in done:
+        typer.echo(f"recovered {o.job_id}: {o.decision} -> {o.to_state}")
+
+
+@app.command("fsck")
+def fsck_cmd(
+    no_repair: Annotated[bool, typer.Option("--no-repair", help="Only report; repair nothing.")] = False,
+    quick: Annotated[bool, typer.Option(help="Skip re-hashing store files.")] = False,
+    spool: SpoolOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Check every invariant over the whole tree; repair what has one repair; exit 0 only when clean."""
+    try:
+        tree = open_tree(spool)
+        cfg = config.load(tree.config_file)
+    except SpoolError as exc:
+        raise fail(exc, as_json) from None
+    problems = fsck.check(
+        tree, repair=not no_repair, stale_after=cfg.recovery.stale_after, verify_hashes=not quick
+    )
+    remaining = [p for p in problems if p.open]
+    if as_json:
+        print_json({"clean": not remaining, "problems": [p.__dict__ for p in problems]})
+    else:
+        for p in problems:
+            tag = "repaired" if p.repaired else "PROBLEM"
+            line = f"{tag:<8} invariant {p.invariant}: {p.path}: {p.problem}"
+            if p.repair:
+                line += f" ({'did' if p.repaired else 'fix'}: {p.repair})"
+            typer.echo(line)
+        typer.echo("clean" if not remaining else f"{len(remaining)} problem(s) need attention")
+    if remaining:
+        raise typer.Exit(EXIT_ERROR)
+
+
+@app.command("gc")
+def gc_cmd(
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only list what would be removed.")] = False,
+    spool: SpoolOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Remove unreferenced store objects and old attempts' work folders (never what a manifest names)."""
+    try:
+        tree = open_tree(spool)
+        cfg = config.load(tree.config_file)
+    except SpoolError as exc:
+        raise fail(exc, as_json) from None
+    rep = gc.collect(tree, cfg.recovery.work_retention, dry_run=dry_run)
+    if as_json:
+        print_json({"dry_run": dry_run, **rep.__dict__})
+        return
+    verb = "would remove" if dry_run else "removed"
+    typer.echo(
+        f"{verb} {len(rep.objects)} store object(s), {rep.object_bytes} bytes; "
+        f"{len(rep.work_folders)} work folder(s), {rep.work_bytes} bytes; "
+        f"kept {rep.kept_referenced} referenced object(s)"
+    )
+
+
+@app.command("verify")
+def verify_cmd(
+    job: Annotated[list[str] | None, typer.Argument(help="Job IDs (default: every complete job).")] = None,
+    revalidate: Annotated[
+        bool, typer.Option(help="Also run the validation gate on each output again.")
+    ] = False,
+    spool: SpoolOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Re-hash published outputs against their manifests (and optionally re-validate them)."""
+    try:
+        tree = open_tree(spool)
+        cfg = config.load(tree.config_file)
+    except SpoolError as exc:
+        raise fail(exc, as_json) from None
+    ids = job or sorted(j for j, _ in status.job_ids(tree, "complete"))
+    rows = []
+    for jid in ids:
+        m = status.read(tree.manifest_file(jid), Manifest)
+        if m is None:
+            rows.append({"job_id": jid, "ok": False, "problem": "no manifest"})
+            continue
+        problem = store.verify(tree, m)
+        if problem is None and revalidate:
+            found = status.load_job(tree, jid)
+            if found is not None:
+                j: Job = found[0]
+                rep = check_candidate(
+                    cfg, j, tree.root / m.output.store_path, tree.job_attempts(jid) / "verify.log"
+                )
+                if not rep.ok:
+                    bad = rep.failed()[0]
+                    problem = f"fails the {bad.name} check: expected {bad.expected}, got {bad.actual}"
+        rows.append({"job_id": jid, "ok": problem is None, "problem": problem, "sha256": m.output.sha256})
+    bad_rows = [r for r in rows if not r["ok"]]
+    if as_json:
+        print_json({"ok": not bad_rows, "jobs": rows})
+    else:
+        for r in rows:
+            typer.echo(
+                f"{'ok' if r['ok'] else 'BAD':<4} {r['job_id']}"
+                + (f": {r['problem']}" if r["problem"] else "")
+            )
+        typer.echo(f"{len(rows) - len(bad_rows)} of {len(rows)} verified")
+    if bad_rows:
+        raise typer.Exit(EXIT_ERROR)

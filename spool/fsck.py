@@ -1,0 +1,249 @@
+"""``spool fsck``: check every invariant of SPEC section 11 over the whole tree.
+
+Each finding is a :class:`Problem` with the invariant it breaks. A problem
+with exactly one deterministic repair is repaired (unless ``repair=False``);
+the rest are reported with what a human should do. The exit status is 0 only
+when nothing unrepaired remains.
+
+Deterministic repairs:
+
+* a job file in two states, one of them ``complete`` with a verified
+  manifest and the other copies byte-identical: keep ``complete``;
+* ``complete/J.json`` without a manifest, while one of its attempts staged a
+  ``result.json`` whose store file verifies: install that manifest;
+* a store file that hashes to its name but is writable: make it read-only;
+* hidden temp files and attempt staging folders left by a crash, older than
+  ``grace`` seconds: remove them (they were never visible under a final name).
+
+Everything else is reported: a manifest that does not match its store file,
+a store object that does not hash to its name, a failed job without a
+failure record, an attempt folder without ``attempt.json``, a running job of
+a dead or unknown worker (run ``spool recover``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import liveness, store
+from .model import Failure, Manifest, WorkerRecord, encode
+from .status import Location, attempt_numbers, locate_all, read, running_workers
+from .tree import Tree, fsync_dir, visible_names, write_atomic
+
+
+@dataclass
+class Problem:
+    invariant: int  # SPEC section 11 item
+    path: str  # relative to the spool root
+    problem: str
+    repair: str | None = None  # the repair done (or that would be done)
+    repaired: bool = False
+
+    @property
+    def open(self) -> bool:
+        return not self.repaired
+
+
+#: Crash leftovers younger than this may belong to a writer still at work.
+GRACE = 300.0
+
+
+def _rel(tree: Tree, p: Path) -> str:
+    return tree.relative(p)
+
+
+def all_job_ids(tree: Tree) -> set[str]:
+    ids = set()
+    for state in ("pending", "complete", "failed"):
+        ids |= {n[:-5] for n in visible_names(tree.root / state)}
+    for w in running_workers(tree):
+        ids |= {n[:-5] for n in visible_names(tree.running_dir(w))}
+    return ids
+
+
+def check(
+    tree: Tree,
+    *,
+    repair: bool = True,
+    stale_after: float = 120.0,
+    grace: float = GRACE,
+    verify_hashes: bool = True,
+) -> list[Problem]:
+    """Every problem found; repaired ones are marked so."""
+    problems: list[Problem] = []
+    server = liveness.server_now(tree)
+    for jid in sorted(all_job_ids(tree)):
+        locs = locate_all(tree, jid)
+        if len(locs) > 1:
+            problems.append(_two_states(tree, jid, locs, repair))
+            locs = locate_all(tree, jid)
+        loc = locs[0] if locs else None
+        if loc is None:
+            continue
+        if loc.state == "complete":
+            p = _complete_has_manifest(tree, jid, repair, verify_hashes)
+            if p:
+                problems.append(p)
+        elif loc.state == "failed" and not _has_failure(tree, jid):
+            problems.append(Problem(6, _rel(tree, loc.path), "failed without a failure record", None))
+        elif loc.state == "running" and loc.worker:
+            p = _orphan(tree, loc, stale_after, server)
+            if p:
+                problems.append(p)
+        problems += _attempt_records(tree, jid)
+    problems += _manifests(tree, verify_hashes)
+    problems += _store(tree, repair, verify_hashes)
+    problems += _leftovers(tree, repair, grace)
+    return problems
+
+
+def _two_states(tree: Tree, jid: str, locs: list[Location], repair: bool) -> Problem:
+    where = ", ".join(f"running/{loc.worker}" if loc.worker else loc.state for loc in locs)
+    prob = Problem(1, jid, f"in {len(locs)} states at once: {where}")
+    complete = next((loc for loc in locs if loc.state == "complete"), None)
+    m = read(tree.manifest_file(jid), Manifest)
+    if complete is None or m is None or store.verify(tree, m) is not None:
+        prob.repair = None
+        return prob
+    data = complete.path.read_bytes()
+    others = [loc for loc in locs if loc is not complete]
+    if any(o.path.read_bytes() != data for o in others):
+        return prob
+    prob.repair = f"keep complete/ (verified manifest), remove the copies in {len(others)} other state(s)"
+    if repair:
+        for o in others:
+            o.path.unlink()
+            fsync_dir(o.path.parent)
+        prob.repaired = True
+    return prob
+
+
+def _complete_has_manifest(tree: Tree, jid: str, repair: bool, verify_hashes: bool) -> Problem | None:
+    mpath = tree.manifest_file(jid)
+    m = read(mpath, Manifest)
+    if m is not None:
+        return None  # whether it matches its store file is checked in _manifests
+    prob = Problem(3, _rel(tree, tree.job_file("complete", jid)), "complete without a manifest")
+    for n in reversed(attempt_numbers(tree, jid)):
+        staged = read(tree.attempt_dir(jid, n) / "result.json", Manifest)
+        if staged is not None and store.verify(tree, staged) is None:
+            prob.repair = f"install the verified result of attempt {n} as the manifest"
+            if repair:
+                write_atomic(mpath, encode(staged), mode=0o444)
+                prob.repaired = True
+            return prob
+    return prob
+
+
+def _has_failure(tree: Tree, jid: str) -> bool:
+    return any(
+        read(tree.attempt_dir(jid, n) / "failure.json", Failure) is not None
+        for n in attempt_numbers(tree, jid)
+    )
+
+
+def _orphan(tree: Tree, loc: Location, stale_after: float, server: float) -> Problem | None:
+    assert loc.worker is not None
+    rec = read(tree.worker_file(loc.worker), WorkerRecord)
+    if rec is None:
+        health, why = "unknown", "it has no worker record"
+    else:
+        h = liveness.assess(tree, rec, stale_after, server_time=server)
+        if h.health == "alive":
+            return None
+        health, why = h.health, h.reason
+    return Problem(
+        8,
+        _rel(tree, loc.path),
+        f"running on a worker that is {health} ({why})",
+        f"spool recover --worker {loc.worker}",
+    )
+
+
+def _attempt_records(tree: Tree, jid: str) -> list[Problem]:
+    out = []
+    for n in attempt_numbers(tree, jid):
+        d = tree.attempt_dir(jid, n)
+        if not (d / "attempt.json").is_file():
+            out.append(Problem(4, _rel(tree, d), "attempt folder without attempt.json"))
+    return out
+
+
+def _manifests(tree: Tree, verify_hashes: bool) -> list[Problem]:
+    out = []
+    for name in visible_names(tree.manifests):
+        path = tree.manifests / name
+        m = read(path, Manifest)
+        if m is None:
+            out.append(Problem(3, _rel(tree, path), "manifest is unreadable"))
+            continue
+        if verify_hashes:
+            why = store.verify(tree, m)
+        else:
+            why = None if (tree.root / m.output.store_path).is_file() else "its store file is missing"
+        if why is not None:
+            out.append(Problem(3, _rel(tree, path), f"does not match the store: {why}"))
+    return out
+
+
+def _store(tree: Tree, repair: bool, verify_hashes: bool) -> list[Problem]:
+    out = []
+    base = tree.store / "sha256"
+    for d in sorted(base.iterdir()) if base.is_dir() else []:
+        if not d.is_dir():
+            continue
+        for f in sorted(d.iterdir()):
+            if f.name.startswith("."):
+                continue  # temp files: see _leftovers
+            digest = f.name.split(".")[0]
+            if verify_hashes:
+                actual, _ = store.sha256_file(f)
+                if actual != digest:
+                    out.append(Problem(2, _rel(tree, f), f"does not hash to its name (sha256 {actual})"))
+                    continue
+            mode = f.stat().st_mode
+            if mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
+                prob = Problem(2, _rel(tree, f), "store file is writable", "make it read-only")
+                if repair:
+                    os.chmod(f, stat.S_IMODE(mode) & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+                    prob.repaired = True
+                out.append(prob)
+    return out
+
+
+def _leftovers(tree: Tree, repair: bool, grace: float) -> list[Problem]:
+    """Hidden temp files and attempt staging folders older than ``grace``."""
+    out = []
+    now = time.time()
+    folders = [tree.pending, tree.complete, tree.failed, tree.manifests, tree.workers, tree.rejected]
+    folders += [tree.running_dir(w) for w in running_workers(tree)]
+    base = tree.store / "sha256"
+    folders += [d for d in base.iterdir() if d.is_dir()] if base.is_dir() else []
+    candidates: list[Path] = []
+    for folder in folders:
+        candidates += [p for p in folder.glob(".*.tmp")]
+    if tree.attempts.is_dir():
+        for jdir in tree.attempts.iterdir():
+            candidates += list(jdir.glob(".new.*"))
+            candidates += list(jdir.glob(".*.tmp"))
+    for p in candidates:
+        try:
+            age = now - p.lstat().st_mtime
+        except FileNotFoundError:
+            continue
+        if age < grace:
+            continue
+        prob = Problem(2, _rel(tree, p), f"leftover of an interrupted write ({age:.0f} s old)", "remove it")
+        if repair:
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+            prob.repaired = True
+        out.append(prob)
+    return out

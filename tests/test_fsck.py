@@ -1,0 +1,152 @@
+"""spool fsck: planted damage of each kind is repaired or reported; a clean spool exits 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import threading
+import time
+
+import invariants
+import pytest
+from conftest import minimal, run_cli
+
+from spool import accept, claim, execute
+
+
+@pytest.fixture()
+def done(tree, cfg, journal, assets):
+    """A spool with one complete and one failed job, rendered for real."""
+    for name, over in (("good", {}), ("bad", {"output": {"expect": {"width": 1}}})):
+        job = accept.accept_bytes(tree, cfg, json.dumps(minimal(assets, name=name, **over)).encode(), "t")
+        assert claim.claim(tree, "w1", job.job_id)
+        execute.execute(execute.Context(tree, cfg, "w1", journal, threading.Event()), job.job_id)
+    assert (tree.complete / "good@1.json").exists() and (tree.failed / "bad@1.json").exists()
+    return tree
+
+
+def fsck(tree, *args):
+    res = run_cli("fsck", "--json", *args, spool=tree)
+    return res.returncode, json.loads(res.stdout)
+
+
+def store_file(tree):
+    m = json.loads(tree.manifest_file("good@1").read_text())
+    return tree.root / m["output"]["store_path"]
+
+
+def test_clean_spool_exits_zero(done):
+    code, out = fsck(done)
+    assert code == 0 and out == {"clean": True, "problems": []}
+    assert "clean" in run_cli("fsck", spool=done).stdout
+
+
+def test_job_in_two_states_is_repaired_keeping_complete(done):
+    shutil.copyfile(done.complete / "good@1.json", done.pending / "good@1.json")
+    assert invariants.check(done.root)  # the independent checker sees it too
+    code, out = fsck(done)
+    assert code == 0
+    [p] = out["problems"]
+    assert p["invariant"] == 1 and p["repaired"]
+    assert not (done.pending / "good@1.json").exists() and (done.complete / "good@1.json").exists()
+    assert invariants.check(done.root) == []
+
+
+def test_job_in_two_states_without_a_verified_manifest_is_reported(done):
+    shutil.copyfile(done.failed / "bad@1.json", done.pending / "bad@1.json")
+    code, out = fsck(done)
+    assert code == 1
+    [p] = out["problems"]
+    assert p["invariant"] == 1 and not p["repaired"]
+    assert (done.pending / "bad@1.json").exists()  # nothing guessed
+
+
+def test_manifest_that_does_not_match_its_store_file_is_reported(done):
+    path = done.manifest_file("good@1")
+    m = json.loads(path.read_text())
+    m["output"]["sha256"] = "0" * 64
+    os.chmod(path, 0o644)
+    path.write_text(json.dumps(m))
+    code, out = fsck(done)
+    assert code == 1
+    assert any(p["invariant"] == 3 and "does not match" in p["problem"] for p in out["problems"])
+    assert invariants.check(done.root)
+
+
+def test_complete_without_manifest_is_repaired_from_the_staged_result(done):
+    os.unlink(done.manifest_file("good@1"))
+    code, out = fsck(done)
+    assert code == 0
+    [p] = out["problems"]
+    assert p["invariant"] == 3 and p["repaired"] and "attempt 1" in p["repair"]
+    staged = (done.attempt_dir("good@1", 1) / "result.json").read_bytes()
+    assert done.manifest_file("good@1").read_bytes() == staged
+    assert invariants.check(done.root) == []
+
+
+def test_writable_store_file_is_made_read_only(done):
+    f = store_file(done)
+    os.chmod(f, 0o644)
+    code, out = fsck(done)
+    assert code == 0
+    assert [p["invariant"] for p in out["problems"]] == [2]
+    assert not f.stat().st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)
+
+
+def test_store_object_that_does_not_hash_to_its_name_is_reported(done):
+    f = store_file(done)
+    os.chmod(f, 0o644)
+    with open(f, "r+b") as fh:
+        fh.write(b"garbage!")
+    os.chmod(f, 0o444)
+    code, out = fsck(done)
+    assert code == 1
+    problems = {(p["invariant"], p["path"]) for p in out["problems"]}
+    assert (2, done.relative(f)) in problems
+    assert any(p["invariant"] == 3 for p in out["problems"])  # and the manifest no longer matches
+
+
+def test_orphaned_running_job_is_reported_with_the_recover_command(done):
+    ghost = done.running / "otherhost-ghost"
+    ghost.mkdir()
+    shutil.copyfile(done.failed / "bad@1.json", ghost / "lost@1.json")
+    code, out = fsck(done)
+    assert code == 1
+    [p] = [p for p in out["problems"] if p["invariant"] == 8]
+    assert "spool recover --worker otherhost-ghost" in p["repair"] and not p["repaired"]
+
+
+def test_attempt_without_record_and_failed_without_failure_are_reported(done):
+    os.unlink(done.attempt_dir("bad@1", 1) / "failure.json")
+    os.unlink(done.attempt_dir("good@1", 1) / "attempt.json")
+    code, out = fsck(done)
+    assert code == 1
+    kinds = {p["invariant"] for p in out["problems"]}
+    assert {4, 6} <= kinds
+    assert invariants.check(done.root)
+
+
+def test_old_crash_leftovers_are_removed_young_ones_kept(done):
+    old = done.pending / ".x@1.json.host.1.abcd.tmp"
+    young = done.pending / ".y@1.json.host.2.abcd.tmp"
+    staging = done.job_attempts("good@1") / ".new.host.3.abcd"
+    for p in (old, young):
+        p.write_text("{")
+    staging.mkdir()
+    past = time.time() - 3600
+    os.utime(old, (past, past))
+    os.utime(staging, (past, past))
+    code, out = fsck(done)
+    assert code == 0
+    assert sorted(p["path"] for p in out["problems"]) == sorted([done.relative(old), done.relative(staging)])
+    assert not old.exists() and not staging.exists() and young.exists()
+
+
+def test_no_repair_only_reports(done):
+    f = store_file(done)
+    os.chmod(f, 0o644)
+    res = run_cli("fsck", "--no-repair", spool=done)
+    assert res.returncode == 1 and "PROBLEM" in res.stdout
+    assert f.stat().st_mode & stat.S_IWUSR

@@ -1,0 +1,138 @@
+"""Worker liveness and recovery of other workers: certainty on this host, policy across hosts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from datetime import UTC, datetime, timedelta
+
+import invariants
+from conftest import minimal, run_cli, state_files, wait_for
+
+from spool import accept, liveness
+from spool.attempt import open_attempt
+from spool.model import WorkerRecord, encode
+from spool.tree import HOST, boot_id, write_atomic
+
+
+def _record(tree, worker, *, host, pid=999_999, boot=None, beat_age=0.0, beats=5, skew=0.0):
+    at = datetime.now(UTC) - timedelta(seconds=beat_age) + timedelta(seconds=skew)
+    rec = WorkerRecord(
+        worker=worker,
+        host=host,
+        pid=pid,
+        boot_id=boot or boot_id(),
+        started_at=at,
+        heartbeat_at=at,
+        beats=beats,
+        max_active=2,
+    )
+    path = tree.worker_file(worker)
+    write_atomic(path, encode(rec))
+    past = time.time() - beat_age
+    os.utime(path, (past, past))  # the file server's clock says when it was last written
+    return rec
+
+
+def _stranded(tree, cfg, assets, worker, name="stranded"):
+    """A job claimed by ``worker`` that died after its attempt started."""
+    job = accept.accept_bytes(tree, cfg, json.dumps(minimal(assets, name=name)).encode(), "t")
+    (tree.running / worker).mkdir(parents=True, exist_ok=True)
+    os.rename(tree.job_file("pending", job.job_id), tree.job_file("running", job.job_id, worker))
+    open_attempt(tree, job.job_id, worker)
+    return job.job_id
+
+
+def test_same_host_dead_pid_and_reboot_are_certain(tree):
+    dead = _record(tree, f"{HOST}-gone", host=HOST)
+    assert liveness.assess(tree, dead, 60).health == "dead"
+    rebooted = _record(tree, f"{HOST}-old", host=HOST, pid=os.getpid(), boot="another-boot")
+    h = liveness.assess(tree, rebooted, 60)
+    assert h.health == "dead" and "rebooted" in h.reason
+    # a live pid that does not hold the identity lock is a recycled pid, not the worker
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        recycled = _record(tree, f"{HOST}-recycled", host=HOST, pid=proc.pid)
+        assert liveness.assess(tree, recycled, 60).health == "dead"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_other_host_is_only_suspect_and_skew_does_not_matter(tree):
+    fresh_but_skewed = _record(tree, "far-w1", host="far", beat_age=2, skew=-7200)  # clock 2 h behind
+    assert liveness.assess(tree, fresh_but_skewed, 60).health == "alive"
+    ahead = _record(tree, "far-w2", host="far", beat_age=2, skew=+7200)  # clock 2 h ahead
+    assert liveness.assess(tree, ahead, 60).health == "alive"
+    stale = _record(tree, "far-w3", host="far", beat_age=600)
+    h = liveness.assess(tree, stale, 60)
+    assert h.health == "suspect" and "not certain" in h.reason
+
+
+def test_observer_measures_staleness_on_its_own_clock(tree):
+    obs = liveness.Observer()
+    rec = _record(tree, "far-w4", host="far", skew=+99999)  # wildly wrong clock
+    assert liveness.assess(tree, rec, 0.2, observer=obs).health == "alive"
+    time.sleep(0.3)
+    assert liveness.assess(tree, rec, 0.2, observer=obs).health == "suspect"  # no new beat seen
+    rec.beats += 1
+    assert liveness.assess(tree, rec, 0.2, observer=obs).health == "alive"  # it advanced
+
+
+def test_recover_acts_on_dead_workers_and_only_names_suspects(tree, cfg, assets, daemons):
+    _record(tree, f"{HOST}-dead", host=HOST)
+    _record(tree, "far-sleepy", host="far", beat_age=3600)
+    a = _stranded(tree, cfg, assets, f"{HOST}-dead", "from-dead")
+    b = _stranded(tree, cfg, assets, "far-sleepy", "from-suspect")
+
+    dry = json.loads(run_cli("recover", "--dry-run", "--json", spool=tree, check=True).stdout)
+    by = {w["worker"]: w for w in dry["workers"]}
+    assert by[f"{HOST}-dead"]["health"] == "dead" and by[f"{HOST}-dead"]["act"]
+    assert by["far-sleepy"]["health"] == "suspect" and not by["far-sleepy"]["act"]
+    assert by["far-sleepy"]["jobs"][0]["decision"] == "retry"
+    assert state_files(tree)["running"] == sorted([f"{a}.json", f"{b}.json"])  # dry run changed nothing
+
+    run_cli("recover", spool=tree, check=True)
+    assert state_files(tree)["pending"] == [f"{a}.json"]
+    assert state_files(tree)["running"] == [f"{b}.json"]  # a suspect is left alone...
+    out = run_cli("recover", "--worker", "far-sleepy", spool=tree, check=True).stdout
+    assert "suspect" in out and "asked for by an operator" in out  # ...until an operator names it
+    assert state_files(tree)["pending"] == sorted([f"{a}.json", f"{b}.json"])
+    rec = json.loads(next(tree.job_attempts(b).glob("recovery-*.json")).read_text())
+    assert rec["decision"] == "retry" and "suspect" in rec["worker_state"]
+    assert rec["evidence"]["worker"] == "far-sleepy" and rec["evidence"]["attempt"] == 1
+
+    d = daemons(tree, "w1", drain=True)
+    assert d.wait(timeout=120) == 0
+    assert state_files(tree)["complete"] == sorted([f"{a}.json", f"{b}.json"])
+    assert invariants.check(tree.root) == []
+
+
+def test_running_daemon_recovers_a_dead_same_host_worker_by_itself(tree, cfg, assets, daemons):
+    jid = _stranded(tree, cfg, assets, f"{HOST}-crashed")
+    _record(tree, f"{HOST}-crashed", host=HOST)
+    d = daemons(tree, "w1")
+    wait_for(lambda: (tree.complete / f"{jid}.json").exists(), timeout=60)
+    assert d.alive()
+    assert invariants.check(tree.root, settled=False) == []
+
+
+def test_daemon_leaves_a_suspect_other_host_worker_alone_by_default(tree, cfg, assets, daemons):
+    jid = _stranded(tree, cfg, assets, "far-quiet")
+    _record(tree, "far-quiet", host="far", beat_age=3600)
+    text = tree.config_file.read_text().replace("stale_after = 120.0", "stale_after = 0.5")
+    tree.config_file.write_text(text)
+    d = daemons(tree, "w1")
+    time.sleep(3)
+    assert state_files(tree)["running"] == [f"{jid}.json"]
+    d.signal(signal.SIGTERM)
+    d.wait()
+    # with auto_recover on, the same situation is taken over by policy
+    tree.config_file.write_text(text.replace("auto_recover = false", "auto_recover = true"))
+    d = daemons(tree, "w2")
+    wait_for(lambda: (tree.complete / f"{jid}.json").exists(), timeout=60)
+    d.signal(signal.SIGTERM)
+    d.wait()

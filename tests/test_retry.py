@@ -1,0 +1,92 @@
+"""Technical retries: the same job file, a new attempt, exponential backoff, a bounded count."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from datetime import datetime
+
+import invariants
+from conftest import minimal, run_cli, state_files, wait_for, write_json
+
+from spool import retry
+from spool.config import Recovery
+
+
+def _config(tree, **values):
+    text = tree.config_file.read_text()
+    for key, (old, new) in values.items():
+        assert old in text, key
+        text = text.replace(old, new)
+    tree.config_file.write_text(text)
+
+
+def test_backoff_doubles_and_is_capped():
+    p = Recovery(backoff=10.0, backoff_max=60.0)
+    assert [retry.backoff(p, k) for k in range(6)] == [0.0, 10.0, 20.0, 40.0, 60.0, 60.0]
+    assert retry.backoff(Recovery(backoff=0.0), 3) == 0.0
+
+
+def test_transient_source_loss_is_retried_after_a_delay_and_then_succeeds(tree, assets, daemons):
+    _config(tree, backoff=("backoff = 10.0", "backoff = 1.5"))
+    run_cli(
+        "submit",
+        str(write_json(tree.root.parent / "j.json", minimal(assets, name="flaky"))),
+        spool=tree,
+        check=True,
+    )
+    before = (tree.pending / "flaky@1.json").read_bytes()
+    os.rename(assets / "clip.mp4", assets / "clip.mp4.away")  # a NAS hiccup
+    d = daemons(tree, "w1")
+    delay = tree.job_attempts("flaky@1") / "delay.json"
+    wait_for(delay.exists, timeout=30)
+    wait_for(lambda: (tree.pending / "flaky@1.json").exists(), timeout=30)
+    f = json.loads((tree.attempt_dir("flaky@1", 1) / "failure.json").read_text())
+    assert f["stage"] == "prepare" and f["property"] == "sources.clip" and f["retryable"]
+    assert not tree.attempt_dir("flaky@1", 2).exists()  # waiting out the backoff
+    os.rename(assets / "clip.mp4.away", assets / "clip.mp4")
+    wait_for(lambda: (tree.complete / "flaky@1.json").exists(), timeout=60)
+    d.signal(signal.SIGTERM)
+    assert d.wait() == 0
+    assert (tree.complete / "flaky@1.json").read_bytes() == before  # the same job file, unchanged
+    a1 = json.loads((tree.attempt_dir("flaky@1", 1) / "attempt.json").read_text())
+    a2 = json.loads((tree.attempt_dir("flaky@1", 2) / "attempt.json").read_text())
+    waited = (
+        datetime.fromisoformat(a2["claimed_at"]) - datetime.fromisoformat(a1["claimed_at"])
+    ).total_seconds()
+    assert waited >= 1.4
+    m = json.loads(tree.manifest_file("flaky@1").read_text())
+    assert m["attempt"] == 2
+    assert invariants.check(tree.root) == []
+
+
+def test_retries_stop_at_max_attempts_with_a_failure_record(tree, assets, daemons):
+    _config(
+        tree, backoff=("backoff = 10.0", "backoff = 0.1"), attempts=("max_attempts = 3", "max_attempts = 2")
+    )
+    run_cli(
+        "submit",
+        str(write_json(tree.root.parent / "j.json", minimal(assets, name="gone"))),
+        spool=tree,
+        check=True,
+    )
+    os.unlink(assets / "clip.mp4")
+    d = daemons(tree, "w1", drain=True)
+    assert d.wait(timeout=60) == 0
+    assert state_files(tree)["failed"] == ["gone@1.json"]
+    assert sorted(p.name for p in tree.job_attempts("gone@1").iterdir() if p.name.isdigit()) == ["1", "2"]
+    info = json.loads(run_cli("show", "gone@1", "--json", spool=tree).stdout)
+    assert info["failure"]["attempt"] == 2 and info["failure"]["property"] == "sources.clip"
+    assert invariants.check(tree.root) == []
+
+
+def test_operator_retry_mark_closes_the_attempt_for_recovery(tree, cfg, assets):
+    from spool import recover
+    from spool.attempt import open_attempt
+
+    (tree.job_attempts("x@1")).mkdir()
+    open_attempt(tree, "x@1", "w1")
+    assert recover.current_attempt(tree, "x@1", "w1") == 1
+    retry.mark_operator_retry(tree, "x@1", "alice")
+    assert recover.current_attempt(tree, "x@1", "w1") == 0
