@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from importlib import resources
+from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -78,8 +78,12 @@ _SECURITY_HEADERS = {
 }
 
 
+#: The page's HTML, script and style (package data).
+ASSETS = Path(__file__).with_name("web_assets")
+
+
 def _asset(name: str) -> bytes:
-    return resources.files("spool").joinpath("web_assets", name).read_bytes()
+    return (ASSETS / name).read_bytes()
 
 
 def parse_bind(text: str) -> tuple[str, int]:
@@ -151,11 +155,13 @@ class StatusSource:
 
 class Handler(BaseHTTPRequestHandler):
     server_version = "spool"
-    sys_version = ""
     protocol_version = "HTTP/1.1"
     timeout = 30  # a slow or idle client cannot hold a thread for long
     source: StatusSource  # set on the subclass made by make_server
     page: bytes
+
+    def version_string(self) -> str:
+        return self.server_version
 
     def do_GET(self) -> None:
         self._route(head=False)
@@ -227,6 +233,10 @@ class Server(ThreadingHTTPServer):
     allow_reuse_address = True
 
 
+class Server6(Server):
+    address_family = socket.AF_INET6
+
+
 def make_server(tree: Tree, cfg: Config, host: str, port: int) -> Server:
     """A server bound to ``host:port`` (port 0: any free port); call ``serve_forever``."""
     handler = type(
@@ -234,15 +244,13 @@ def make_server(tree: Tree, cfg: Config, host: str, port: int) -> Server:
         (Handler,),
         {"source": StatusSource(tree, cfg), "page": _asset("index.html")},
     )
-    cls = Server
-    if ":" in host:
-        cls = type("Server6", (Server,), {"address_family": socket.AF_INET6})
+    cls = Server6 if ":" in host else Server
     return cls((host, port), handler)
 
 
 def url_of(server: Server) -> str:
-    host, port = server.server_address[:2]
-    shown = f"[{host}]" if ":" in str(host) else str(host)
+    host, port = str(server.server_address[0]), server.server_address[1]
+    shown = f"[{host}]" if ":" in host else host
     return f"http://{shown}:{port}/"
 
 
@@ -254,4 +262,3 @@ def serve(tree: Tree, cfg: Config, host: str, port: int, ready: Callable[[str], 
         server.serve_forever(poll_interval=0.5)
     finally:
         server.server_close()
-
