@@ -266,8 +266,10 @@ def publish(
     report: Any,
     render_seconds: float,
     note: str = "",
+    why: str = "",
 ) -> Manifest:
-    """Steps 1-5 of the module docstring for a validated candidate."""
+    """Steps 1-5 of the module docstring for a validated candidate; ``why``
+    prefixes the journal line (recovery says so)."""
     tree = ctx.tree
     _fence(ctx, job.job_id, "store link")
     try:
@@ -311,7 +313,7 @@ def publish(
         "complete",
         from_="running",
         attempt=attempt.n,
-        reason=f"published sha256:{manifest.output.sha256[:16]}" + (f" ({note})" if note else ""),
+        reason=why + f"published sha256:{manifest.output.sha256[:16]}" + (f" ({note})" if note else ""),
         bytes=manifest.output.size,
         render_seconds=manifest.render_seconds,
         validate_seconds=manifest.validate_seconds,

@@ -263,13 +263,14 @@ def recover(
     decision, reason = decide(ev, ctx.cfg.limits.max_attempts, valid)
     _log_decision(tree, job_id, ev, decision, reason, report, ctx.worker, why)
     to_state = _apply(ctx, job, ev, decision, reason, report)
-    ctx.journal.record(
-        job_id,
-        to_state,
-        from_="running",
-        attempt=ev.attempt or None,
-        reason=f"recovery ({decision}): {reason}",
-    )
+    if decision != "accept-candidate":  # publishing journals that transition itself
+        ctx.journal.record(
+            job_id,
+            to_state,
+            from_="running",
+            attempt=ev.attempt or None,
+            reason=f"recovery ({decision}): {reason}",
+        )
     log.info("%s: recovery decided %s: %s", job_id, decision, reason)
     return Outcome(job_id, decision, reason, to_state)
 
@@ -333,7 +334,16 @@ def _apply(ctx: Context, job: Job, ev: Evidence, decision: Decision, reason: str
         old = tree.root / ev.candidate
         new = att.work / job.output.file
         _link_or_copy(old, new)
-        publish(ctx, job, att, new, report, 0.0, note="accepted existing validated file")
+        publish(
+            ctx,
+            job,
+            att,
+            new,
+            report,
+            0.0,
+            note="accepted existing validated file",
+            why=f"recovery (accept-candidate): {reason}; ",
+        )
         return "complete"
     # exhausted
     att = open_attempt(tree, jid, ctx.worker, reason=f"recovery of attempt {ev.attempt}")

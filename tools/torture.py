@@ -1,0 +1,328 @@
+"""The kill -9 torture run: many short real renders, daemons and FFmpeg killed at random.
+
+    tools/torture [--jobs N] [--kills K] [--workers W] [--seed S] [--keep DIR]
+
+It makes a spool with tiny real media, submits N jobs (most render, some are
+meant to fail validation), starts W daemons and then, K times, kills with
+SIGKILL either a whole daemon (its FFmpeg dies with it) or just an FFmpeg
+child, at random moments; some daemon lives are started with
+``SPOOL_CRASH_AT`` so they die right after a chosen step. Killed daemons are
+restarted under the same identity. Then every daemon is restarted to drain,
+``spool recover`` runs for good measure, and the spool is checked by
+``spool fsck`` and by tools/invariants.py, which shares no code with spool.
+
+It prints one line of figures and exits 0 only if no job was lost, none was
+published twice, no partial file sits at a final path and both checks are
+clean. ``--json`` prints the figures as JSON instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import invariants
+
+from spool import samples
+from spool.faults import POINTS
+
+BIN = Path(sys.executable).parent
+TAGS = {"campaign": "torture", "locale": "en", "asset_type": "test", "visibility": "internal"}
+
+
+def job(i: int, assets: Path, rng: random.Random) -> dict[str, object]:
+    steps: list[dict[str, object]] = [
+        {"op": "trim", "start": round(rng.uniform(0, 0.5), 2), "duration": round(rng.uniform(0.4, 1.2), 2)},
+        {
+            "op": "fit",
+            "width": rng.choice([160, 192, 240]),
+            "height": rng.choice([90, 108, 136]),
+            "mode": rng.choice(["pad", "crop"]),
+        },
+    ]
+    sources = {"clip": str(assets / "clip.mp4")}
+    if rng.random() < 0.5:
+        steps.append({"op": "overlay", "source": "logo", "scale": 0.2})
+        sources["logo"] = str(assets / "logo.png")
+    if rng.random() < 0.5:
+        steps.append({"op": "text", "text": f"take {i}: 50% off — 'now'", "size": 12, "box": True})
+    if rng.random() < 0.3:
+        steps.append({"op": "audio", "mode": "mix", "source": "music"})
+        sources["music"] = str(assets / "music.m4a")
+    steps.append({"op": "encode", "preset": "ultrafast"})
+    sub: dict[str, object] = {
+        "name": f"t{i:04d}",
+        "sources": sources,
+        "recipe": {"input": "clip", "steps": steps},
+        "tags": TAGS,
+    }
+    if rng.random() < 0.08:
+        sub["output"] = {"expect": {"width": 7}}  # meant to fail validation: a located error
+    return sub
+
+
+class Worker:
+    def __init__(self, spool: Path, name: str, logdir: Path) -> None:
+        self.spool, self.name, self.logdir = spool, name, logdir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.lives = 0
+        self.crash_at: str | None = None
+
+    def start(self, crash_at: str | None = None, drain: bool = False) -> None:
+        env = {**os.environ}
+        env.pop("SPOOL_CRASH_AT", None)
+        if crash_at:
+            env["SPOOL_CRASH_AT"] = crash_at
+        args = [str(BIN / "spoold"), "run", "--spool", str(self.spool), "--worker", self.name]
+        if drain:
+            args.append("--drain")
+        log = open(self.logdir / f"{self.name}.log", "ab")  # noqa: SIM115 - owned by the child
+        self.proc = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        log.close()
+        self.lives += 1
+        self.crash_at = crash_at
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+    def ffmpeg_children(self) -> list[int]:
+        if not self.alive():
+            return []
+        assert self.proc is not None
+        out = []
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                stat = (d / "stat").read_text()
+                comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+                ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+            except (OSError, ValueError):
+                continue
+            if ppid == self.proc.pid and comm == "ffmpeg":
+                out.append(int(d.name))
+        return out
+
+
+def run(args: argparse.Namespace) -> dict[str, object]:
+    rng = random.Random(args.seed)
+    base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="spool-torture-"))
+    base.mkdir(parents=True, exist_ok=True)
+    spool, assets, logs = base / "spool", base / "assets", base / "logs"
+    for d in (assets, logs):
+        d.mkdir(exist_ok=True)
+    if spool.exists():
+        shutil.rmtree(spool)
+    samples.clip(assets / "clip.mp4", seconds=2.0, size="320x240")
+    samples.logo(assets / "logo.png", size="80x40")
+    samples.music(assets / "music.m4a", seconds=3.0)
+    spoolcmd = str(BIN / "spool")
+    subprocess.run(
+        [spoolcmd, "init", str(spool), "--asset-root", str(assets)], check=True, stdout=subprocess.DEVNULL
+    )
+    cfg = (spool / "spool.toml").read_text()
+    for old, new in (
+        ("poll_interval = 2.0", "poll_interval = 0.2"),
+        ("heartbeat_interval = 5.0", "heartbeat_interval = 0.5"),
+        ("max_attempts = 3", f"max_attempts = {args.max_attempts}"),
+        ("backoff = 10.0", "backoff = 0.2"),
+        ("backoff_max = 600.0", "backoff_max = 2.0"),
+    ):
+        cfg = cfg.replace(old, new)
+    (spool / "spool.toml").write_text(cfg)
+
+    ids = []
+    for i in range(args.jobs):
+        sub = job(i, assets, rng)
+        tmp = spool / "incoming" / f"t{i:04d}.json.tmp"
+        tmp.write_text(json.dumps(sub))
+        os.rename(tmp, spool / "incoming" / f"t{i:04d}.json")
+        ids.append(f"t{i:04d}@1")
+
+    started = time.monotonic()
+    workers = [Worker(spool, f"w{k}", logs) for k in range(args.workers)]
+    for w in workers:
+        w.start()
+    kills: Counter[str] = Counter()
+    crash_points: Counter[str] = Counter()
+    while sum(kills.values()) < args.kills:
+        time.sleep(rng.uniform(0.05, args.max_gap))
+        if _remaining(spool) == 0:
+            break  # everything finished before the kills ran out
+        for w in workers:
+            if not w.alive() and w.crash_at and w.proc is not None and w.proc.returncode == -signal.SIGKILL:
+                crash_points[w.crash_at] += 1  # it died at its crash point
+                w.crash_at = None
+        victim = rng.choice(workers)
+        if not victim.alive():
+            victim.start(crash_at=_maybe_point(rng, args))
+            continue
+        kids = victim.ffmpeg_children()
+        if kids and rng.random() < 0.3:
+            try:
+                os.kill(rng.choice(kids), signal.SIGKILL)
+                kills["ffmpeg"] += 1
+            except ProcessLookupError:
+                pass
+            continue
+        victim.kill()
+        kills["daemon"] += 1
+        if rng.random() < 0.8:  # most come back at once; some stay down for a while
+            victim.start(crash_at=_maybe_point(rng, args))
+    # Drain: every worker comes back without crash points and runs until nothing is left.
+    for w in workers:
+        if w.alive():
+            w.kill()
+    for w in workers:
+        w.start(drain=True)
+    deadline = time.monotonic() + args.timeout
+    for w in workers:
+        assert w.proc is not None
+        try:
+            w.proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            w.kill()
+    subprocess.run([spoolcmd, "recover", "--spool", str(spool)], stdout=subprocess.DEVNULL, check=False)
+    wall = time.monotonic() - started
+
+    fsck = subprocess.run(
+        [spoolcmd, "fsck", "--spool", str(spool), "--json", "--no-repair"], capture_output=True, text=True
+    )
+    fsck_problems = json.loads(fsck.stdout)["problems"] if fsck.stdout.strip() else [{"problem": fsck.stderr}]
+    independent = invariants.check(spool)
+    states = {jid: _state(spool, jid) for jid in ids}
+    lost = [j for j, s in states.items() if s not in ("complete", "failed")]
+    completes: Counter[str] = Counter()
+    for f in (spool / "events").glob("*.jsonl"):
+        for line in f.read_text().splitlines():
+            ev = json.loads(line)
+            if ev["to"] == "complete":
+                completes[ev["job"]] += 1
+    double = sorted(j for j, n in completes.items() if n > 1)
+    decisions: Counter[str] = Counter()
+    for rec in (spool / "attempts").glob("*/recovery-*.json"):
+        if rec.name.endswith(".validate.log"):
+            continue
+        decisions[json.loads(rec.read_text())["decision"]] += 1
+    partial = [p for p in independent if p.startswith("invariant 2")]
+    figures: dict[str, object] = {
+        "jobs": args.jobs,
+        "complete": sum(1 for s in states.values() if s == "complete"),
+        "failed": sum(1 for s in states.values() if s == "failed"),
+        "kills": sum(kills.values()),
+        "kills_daemon": kills["daemon"],
+        "kills_ffmpeg": kills["ffmpeg"],
+        "daemon_lives": sum(w.lives for w in workers),
+        "crash_points_hit": dict(sorted(crash_points.items())),
+        "recoveries": dict(sorted(decisions.items())),
+        "lost": len(lost),
+        "double_published": len(double),
+        "partial_at_final": len(partial),
+        "fsck_problems": len(fsck_problems),
+        "independent_problems": len(independent),
+        "wall_seconds": round(wall, 1),
+        "spool": str(spool),
+        "details": {
+            "lost": lost[:10],
+            "double": double[:10],
+            "fsck": fsck_problems[:10],
+            "independent": independent[:10],
+        },
+    }
+    if not args.keep and not (lost or double or partial or fsck_problems or independent):
+        shutil.rmtree(base, ignore_errors=True)
+        figures["spool"] = "(removed)"
+    return figures
+
+
+def _maybe_point(rng: random.Random, args: argparse.Namespace) -> str | None:
+    return rng.choice(POINTS) if rng.random() < args.crash_point_rate else None
+
+
+def _state(spool: Path, jid: str) -> str:
+    for s in ("pending", "complete", "failed"):
+        if (spool / s / f"{jid}.json").exists():
+            return s
+    if any((spool / "running").glob(f"*/{jid}.json")):
+        return "running"
+    return "missing"
+
+
+def _remaining(spool: Path) -> int:
+    n = len(list((spool / "pending").glob("*.json"))) + len(list((spool / "running").glob("*/*.json")))
+    return n + len([p for p in (spool / "incoming").iterdir() if p.name.endswith(".json")])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--jobs", type=int, default=40)
+    ap.add_argument("--kills", type=int, default=20)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--max-gap", type=float, default=1.5, help="longest pause between kills, seconds")
+    ap.add_argument(
+        "--crash-point-rate",
+        type=float,
+        default=0.3,
+        help="share of restarted daemon lives that die at a named crash point",
+    )
+    ap.add_argument("--max-attempts", type=int, default=10)
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds allowed for the final drain")
+    ap.add_argument("--keep", help="build the spool here and keep it")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    f = run(args)
+    if args.json:
+        print(json.dumps(f, indent=2))
+    else:
+        rec = " ".join(f"{k}={v}" for k, v in f["recoveries"].items()) or "none"  # type: ignore[union-attr]
+        print(
+            f"jobs={f['jobs']} complete={f['complete']} failed={f['failed']} kills={f['kills']} "
+            f"(daemon {f['kills_daemon']}, ffmpeg {f['kills_ffmpeg']}, crash points "
+            f"{sum(f['crash_points_hit'].values())}) daemon_lives={f['daemon_lives']} "  # type: ignore[union-attr]
+            f"recoveries: {rec} | lost={f['lost']} double_published={f['double_published']} "
+            f"partial_at_final={f['partial_at_final']} fsck_problems={f['fsck_problems']} "
+            f"independent_problems={f['independent_problems']} wall={f['wall_seconds']}s"
+        )
+        if (
+            f["lost"]
+            or f["double_published"]
+            or f["partial_at_final"]
+            or f["fsck_problems"]
+            or f["independent_problems"]
+        ):
+            print(json.dumps(f["details"], indent=2), file=sys.stderr)
+            print(f"spool kept at {f['spool']}", file=sys.stderr)
+    bad = (
+        f["lost"]
+        or f["double_published"]
+        or f["partial_at_final"]
+        or f["fsck_problems"]
+        or f["independent_problems"]
+    )
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
