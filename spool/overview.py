@@ -35,7 +35,7 @@ from . import eventlog, liveness, thumbs
 from .config import Config
 from .model import AttemptRecord, Failure, Manifest, Progress, Rejection, WorkerRecord
 from .status import attempt_numbers, read, running_workers, show
-from .tree import Tree, is_visible, visible_names
+from .tree import HOST, Tree, boot_id, is_visible, visible_names
 
 #: States whose oldest entry is worth an age: a job waits or works there.
 AGED_STATES = ("incoming", "pending", "running")
@@ -62,7 +62,8 @@ def _scan(
     with it:
         for e in it:
             name = e.name
-            if not name.endswith(suffix) or not is_visible(name) or (skip and name.endswith(skip)):
+            # is_visible, inlined (this loop runs once per job): no dotfiles, no temp names.
+            if name[0] == "." or not name.endswith(suffix) or (skip and name.endswith(skip)):
                 continue
             if not stat:
                 out.count += 1
@@ -247,6 +248,8 @@ def worker_rows(tree: Tree, cfg: Config, now: float, running: list[dict[str, Any
     except OSError:  # a read-only viewer cannot ask the file server for the time
         recs = [r for r in (read(tree.workers / n, WorkerRecord) for n in visible_names(tree.workers)) if r]
         healths = [liveness.assess(tree, r, cfg.recovery.stale_after, server_time=now) for r in recs]
+    if not os.access(tree.workers, os.W_OK):
+        healths = [_readonly_view(h) for h in healths]
     disk: dict[str, int] = {}
     jobs: dict[str, int] = {}
     for r in running:
@@ -276,6 +279,17 @@ def worker_rows(tree: Tree, cfg: Config, now: float, running: list[dict[str, Any
             }
         )
     return rows
+
+
+def _readonly_view(h: liveness.WorkerHealth) -> liveness.WorkerHealth:
+    """A viewer that may not write to the spool cannot open a worker's lock file,
+    so liveness takes a live same-host worker for dead. Correct that from the
+    evidence we can see: same boot, and the process exists."""
+    rec = h.record
+    if h.health == "dead" and rec.host == HOST and rec.boot_id == boot_id() and liveness.pid_alive(rec.pid):
+        reason = f"process {rec.pid} is running (its lock is not readable here)"
+        return liveness.WorkerHealth(h.worker, h.host, "alive", reason, 0.0, rec)
+    return h
 
 
 def _instance(worker: str, host: str) -> str:

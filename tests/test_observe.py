@@ -282,3 +282,17 @@ def test_watch_redraws_from_the_filesystem_until_ctrl_c(tree, assets):
         if proc.poll() is None:
             proc.kill()
         os.close(leader)
+
+
+def test_a_read_only_viewer_does_not_take_live_workers_for_dead(tree, daemons):
+    """Without write access the identity lock cannot be probed; the pid still can."""
+    from spool import liveness, overview
+
+    d = daemons(tree, "ro")
+    wait_for(lambda: tree.worker_file(f"{HOST}-ro").exists())
+    rec = status.read(tree.worker_file(f"{HOST}-ro"), liveness.WorkerRecord)
+    as_seen = liveness.WorkerHealth(rec.worker, rec.host, "dead", "process is gone (same host)", None, rec)
+    fixed = overview._readonly_view(as_seen)
+    assert fixed.health == "alive" and str(d.proc.pid) in fixed.reason
+    d.kill()
+    assert overview._readonly_view(as_seen).health == "dead"

@@ -197,7 +197,7 @@ def test_units_pass_systemd_analyze_verify(tmp_path):
             .replace("/usr/local/bin/spool ", SPOOL + " ")
         )
         (tmp_path / src.name).write_text(text)
-    units = ("spoold@render1.service", "spool-gc.service", "spool-gc.timer")
+    units = ("spoold@render1.service", "spool-gc.service", "spool-gc.timer", "spool-serve.service")
     res = _verify(tmp_path, *units)
     assert res.returncode == 0, res.stderr
     ours = [line for line in res.stderr.splitlines() if str(tmp_path) in line or "spool" in line]

@@ -16,9 +16,8 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.live import Live
 
-from .. import config, eventlog, metrics, overview, status, web
+from .. import config, eventlog, overview, status
 from ..config import Config
 from ..errors import InvalidInput, NotFound, SpoolError
 from ..tree import Tree
@@ -60,6 +59,8 @@ def watch(
     spool: SpoolOpt = None,
 ) -> None:
     """``spool status``, redrawn live from the filesystem until Ctrl-C."""
+    from rich.live import Live
+
     tree, cfg = _open(spool, False)
     console = Console(highlight=False)
     try:
@@ -247,6 +248,8 @@ def metrics_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """The Prometheus metrics the workers wrote, merged into one exposition."""
+    from .. import metrics  # imported here: other commands start faster without it
+
     tree, cfg = _open(spool, as_json)
     folder = metrics.folder(tree, cfg)
     if folder is None:
@@ -277,6 +280,8 @@ def serve(
     spool: SpoolOpt = None,
 ) -> None:
     """Serve the read-only status page and its JSON until Ctrl-C."""
+    from .. import web
+
     tree, cfg = _open(spool, False)
     try:
         host, port = web.parse_bind(bind or cfg.observe.bind)
