@@ -1,0 +1,56 @@
+"""tools/bench runs to the end and prints its one table with every row.
+
+These tests assert no timing at all (the machines are shared and noisy): only
+that the harness completes, exits 0, and that every row each measure promises
+is in the table it prints. ``--smoke`` (tiny sizes, measures side by side)
+keeps the default suite fast; ``--quick`` is the CI-sized run, marked slow.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "tools" / "bench"
+
+
+def run_bench(tmp_path: Path, mode: str, timeout: float) -> tuple[subprocess.CompletedProcess[str], dict]:
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [str(BENCH), mode, "--json", str(out), "--disk-dir", str(tmp_path / "disk")],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, f"tools/bench {mode} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
+    return proc, json.loads(out.read_text())
+
+
+def assert_every_row_printed(proc: subprocess.CompletedProcess[str], report: dict, mode: str) -> None:
+    import bench  # tools/ is on sys.path (conftest)
+
+    header = proc.stdout.splitlines()[2]
+    for column in ("measure", "spool", "peer", "peer figure", "ratio", "target", "result"):
+        assert column in header
+    keys = [row["key"] for row in report["rows"]]
+    assert keys == [k for k in keys if not k.endswith(".error")]
+    assert sorted(keys) == sorted(bench.expected_keys(mode))
+    table = proc.stdout.split("\nHow each figure was taken:")[0]
+    for row in report["rows"]:
+        assert row["measure"] in table, f"row {row['key']} is not in the printed table"
+        assert row["result"] in ("met", "MISSED", "reported")
+
+
+def test_bench_smoke_prints_every_row(tmp_path: Path) -> None:
+    proc, report = run_bench(tmp_path, "--smoke", timeout=300)
+    assert_every_row_printed(proc, report, "smoke")
+
+
+@pytest.mark.slow
+def test_bench_quick_prints_every_row(tmp_path: Path) -> None:
+    proc, report = run_bench(tmp_path, "--quick", timeout=1800)
+    assert_every_row_printed(proc, report, "quick")

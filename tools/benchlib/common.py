@@ -1,0 +1,470 @@
+"""What every measure of ``tools/bench`` shares: rows and the one table, medians and
+pairwise ratios, interleaved runs, scratch folders on disk and tmpfs, spools
+with benchmark settings, and child processes (timed, sampled, stopped by pid).
+
+The rules every measure follows (they are the point of the harness):
+
+* a figure is the median of several runs, never one run;
+* a comparison is a ratio taken pair by pair in the same round (A B, A B, ...,
+  with the order rotated each round so neither side always runs first), and
+  the reported ratio is the median of those pairwise ratios;
+* nothing here asserts a time: targets are reported as met or missed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+REPO = Path(__file__).resolve().parents[2]
+TOOLS = REPO / "tools"
+BIN = Path(sys.executable).parent
+PY = sys.executable
+SPOOL = str(BIN / "spool")
+SPOOLD = str(BIN / "spoold")
+
+#: The tags spool requires by default; every benchmark job carries them.
+TAGS = {"campaign": "bench", "locale": "en-GB", "asset_type": "ad", "visibility": "internal"}
+
+T = TypeVar("T")
+
+MODES = ("full", "quick", "smoke")
+
+
+# -- rows and the table -----------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One line of the table: spool's figure, optionally a peer's, their ratio, a target."""
+
+    key: str  # stable identifier (the smoke test checks every key is printed)
+    measure: str
+    unit: str
+    spool: float | None
+    peer: str = ""
+    peer_value: float | None = None
+    ratio: float | None = None
+    target: str = ""
+    met: bool | None = None
+    note: str = ""
+    samples: dict[str, Any] = field(default_factory=dict)
+
+    def status(self) -> str:
+        if self.met is None:
+            return "reported" if not self.target else "n/a"
+        return "met" if self.met else "MISSED"
+
+
+def fmt(value: float | None, unit: str) -> str:
+    """A figure with its unit, rounded for reading."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if unit in ("jobs/s", "B"):
+        return f"{value:,.0f} {unit}"
+    if unit == "ms":
+        if value >= 100:
+            return f"{value:,.0f} ms"
+        return f"{value:.3g} ms" if value >= 1 else f"{value:.2f} ms"
+    if unit == "s":
+        if value < 1:
+            return fmt(value * 1e3, "ms")
+        return f"{value:.3g} s" if value < 100 else f"{value:,.0f} s"
+    if unit == "MB":
+        return f"{value:.1f} MB"
+    if unit == "%":
+        return f"{value:+.1f} %"
+    if unit == "x":
+        return f"{value:.2f}x"
+    if unit == "count":
+        return f"{value:,.0f}"
+    if unit == "exp":
+        return f"{value:.2f}"
+    if unit == "bool":
+        return "yes" if value else "no"
+    return f"{value:.3g} {unit}".strip()
+
+
+def ratio_text(r: float | None) -> str:
+    return "-" if r is None or math.isnan(r) else f"{r:.2f}x"
+
+
+COLUMNS = ("measure", "spool", "peer", "peer figure", "ratio", "target", "result")
+
+
+def _cells(row: Row) -> list[str]:
+    return [
+        row.measure,
+        fmt(row.spool, row.unit),
+        row.peer or "-",
+        fmt(row.peer_value, row.unit) if row.peer else "-",
+        ratio_text(row.ratio),
+        row.target or "-",
+        row.status(),
+    ]
+
+
+def table(rows: Sequence[Row], markdown: bool = False) -> str:
+    """The one table, as aligned text (or a Markdown table for the README)."""
+    body = [_cells(r) for r in rows]
+    if markdown:
+        right = {1, 3, 4}
+        lines = ["| " + " | ".join(COLUMNS) + " |"]
+        lines.append("|" + "|".join("---:" if i in right else "---" for i in range(len(COLUMNS))) + "|")
+        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |" for cells in body]
+        return "\n".join(lines)
+    widths = [max(len(c[i]) for c in [list(COLUMNS), *body]) for i in range(len(COLUMNS))]
+
+    def line(cells: Sequence[str]) -> str:
+        out = []
+        for i, c in enumerate(cells):
+            out.append(c.rjust(widths[i]) if i in (1, 3, 4) else c.ljust(widths[i]))
+        return "  ".join(out).rstrip()
+
+    sep = "  ".join("-" * w for w in widths)
+    return "\n".join([line(COLUMNS), sep, *(line(c) for c in body)])
+
+
+def notes(rows: Sequence[Row]) -> str:
+    """The notes under the table: how each figure was taken."""
+    seen: dict[str, int] = {}
+    out = []
+    for r in rows:
+        if r.note and r.note not in seen:
+            seen[r.note] = len(seen) + 1
+            out.append(f"  [{r.key}] {r.note}")
+    return "\n".join(out)
+
+
+def rows_json(rows: Sequence[Row]) -> list[dict[str, Any]]:
+    return [asdict(r) | {"result": r.status()} for r in rows]
+
+
+# -- statistics -------------------------------------------------------------------------
+
+
+def median(xs: Sequence[float]) -> float:
+    return float(statistics.median(xs)) if xs else math.nan
+
+
+def p99(xs: Sequence[float]) -> float:
+    """Nearest-rank 99th percentile."""
+    if not xs:
+        return math.nan
+    s = sorted(xs)
+    return float(s[max(0, math.ceil(0.99 * len(s)) - 1)])
+
+
+def pair_ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:
+    """a[i] / b[i] for runs taken in the same round."""
+    return [x / y for x, y in zip(a, b, strict=True) if y > 0]
+
+
+def interleave(rounds: int, runners: dict[str, Callable[[], T]]) -> dict[str, list[T]]:
+    """Run every runner once per round (A B C, B C A, C A B, ...): pairs share a round."""
+    names = list(runners)
+    out: dict[str, list[T]] = {n: [] for n in names}
+    for r in range(rounds):
+        k = r % len(names)
+        for n in names[k:] + names[:k]:
+            out[n].append(runners[n]())
+    return out
+
+
+# -- progress ------------------------------------------------------------------------------
+
+_T0 = time.monotonic()
+QUIET = False
+
+
+def log(msg: str) -> None:
+    """Progress on stderr (the table goes to stdout)."""
+    if not QUIET:
+        print(f"[bench {time.monotonic() - _T0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+# -- scratch folders ------------------------------------------------------------------------
+
+#: Where scratch folders go per filesystem kind (``--disk-dir`` / ``--tmpfs-dir``).
+ROOTS: dict[str, Path] = {"disk": Path("/var/tmp"), "tmpfs": Path("/dev/shm")}
+
+
+def fs_type(path: Path) -> str:
+    """The filesystem type of ``path`` as /proc/mounts names it (longest mount prefix)."""
+    best, kind = "", "?"
+    real = str(path.resolve())
+    with open("/proc/mounts") as f:
+        for line in f:
+            parts = line.split()
+            mnt, typ = parts[1], parts[2]
+            if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+                best, kind = mnt, typ
+    return kind
+
+
+@contextlib.contextmanager
+def scratch(kind: str, prefix: str) -> Iterator[Path]:
+    """A fresh folder on the local disk or on tmpfs, removed afterwards."""
+    base = ROOTS[kind]
+    base.mkdir(parents=True, exist_ok=True)
+    d = Path(tempfile.mkdtemp(prefix=f"spool-bench-{prefix}-", dir=base))
+    try:
+        yield d
+    finally:
+        rmtree(d)
+
+
+def rmtree(path: Path) -> None:
+    """Remove a scratch tree (read-only files in writable folders go too)."""
+    shutil.rmtree(path, ignore_errors=True)
+
+
+# -- spools ----------------------------------------------------------------------------------
+
+
+def toml_value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    return str(v)
+
+
+def configure(template: str, settings: dict[str, dict[str, object]]) -> str:
+    """Set ``[section] key = value`` lines in the commented template ``spool init`` writes."""
+    out, section, todo = [], "", {s: dict(kv) for s, kv in settings.items()}
+    for line in template.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("[") and stripped.endswith("]"):
+            for k, v in todo.get(section, {}).items():  # keys the template lacks
+                out.append(f"{k} = {toml_value(v)}")
+            todo.pop(section, None)
+            section = stripped[1:-1]
+        key = stripped.split("=", 1)[0].strip() if "=" in stripped and not stripped.startswith("#") else ""
+        if key and key in todo.get(section, {}):
+            out.append(f"{key} = {toml_value(todo[section].pop(key))}")
+            continue
+        out.append(line)
+    for k, v in todo.get(section, {}).items():
+        out.append(f"{k} = {toml_value(v)}")
+    todo.pop(section, None)
+    for s, kv in todo.items():
+        out.append(f"\n[{s}]")
+        out += [f"{k} = {toml_value(v)}" for k, v in kv.items()]
+    return "\n".join(out) + "\n"
+
+
+def make_spool(root: Path, settings: dict[str, dict[str, object]], asset_roots: Sequence[str] = ()) -> Path:
+    """A fresh spool at ``root`` whose spool.toml has the template's defaults plus ``settings``."""
+    from spool import config
+    from spool.tree import Tree
+
+    tree = Tree.at(root)
+    tree.create()
+    tree.config_file.write_text(configure(config.template(list(asset_roots)), settings))
+    config.load(tree.config_file)  # a bad setting fails here, not in a daemon
+    return root
+
+
+def noop_submission(name: str) -> bytes:
+    return json.dumps({"name": name, "operation": "noop", "tags": TAGS}).encode()
+
+
+def drop(spool: Path, name: str, data: bytes) -> float:
+    """Drop a submission Maildir-style (hidden temp name, then rename); returns the
+    wall-clock time of the rename."""
+    incoming = spool / "incoming"
+    tmp = incoming / f".{name}.json.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.rename(tmp, incoming / f"{name}.json")
+    return time.time()
+
+
+def events(spool: Path) -> list[dict[str, Any]]:
+    """Every journal line of every writer (``ts`` as epoch seconds)."""
+    from datetime import datetime
+
+    out = []
+    for p in sorted((spool / "events").glob("*.jsonl")):
+        for line in p.read_bytes().splitlines():
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            ev["t"] = datetime.fromisoformat(ev["ts"].replace("Z", "+00:00")).timestamp()
+            out.append(ev)
+    return out
+
+
+def count_json(folder: Path) -> int:
+    try:
+        return sum(1 for e in os.scandir(folder) if e.name.endswith(".json") and not e.name.startswith("."))
+    except FileNotFoundError:
+        return 0
+
+
+# -- processes --------------------------------------------------------------------------------
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment for child processes: ``tools/`` importable (peer task modules)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TOOLS), env.get("PYTHONPATH", "")]))
+    env.pop("SPOOL_DIR", None)
+    env.update(extra)
+    return env
+
+
+def start(argv: Sequence[str], *, log_path: Path | None = None, env: dict[str, str] | None = None) -> Any:
+    """Start a child in a session of its own (stopped by its pid's group, never by name)."""
+    out: Any = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    try:
+        return subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env or child_env(),
+            start_new_session=True,
+        )
+    finally:
+        if log_path:
+            out.close()
+
+
+def stop(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, timeout: float = 10.0) -> int | None:
+    """Signal a child's process group, then SIGKILL it if it lingers."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode
+
+
+def wait_all(procs: Sequence[subprocess.Popen[Any]], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                stop(q, signal.SIGKILL)
+            raise RuntimeError(f"{what} did not finish within {timeout:.0f} s") from None
+
+
+@dataclass(frozen=True)
+class Timed:
+    wall: float  # seconds
+    cpu: float  # user + system seconds of the child
+    returncode: int
+    stdout: bytes
+
+
+def run_timed(argv: Sequence[str], *, env: dict[str, str] | None = None, cwd: Path | None = None) -> Timed:
+    """Run a command to the end: wall time and the child's own CPU time (os.wait4)."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        list(argv),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env or child_env(),
+        cwd=cwd,
+    )
+    assert proc.stdout is not None
+    chunks = []
+    while chunk := proc.stdout.read(1 << 16):
+        chunks.append(chunk)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    proc.stdout.close()
+    return Timed(wall, usage.ru_utime + usage.ru_stime, proc.returncode, b"".join(chunks))
+
+
+def proc_status(pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM (kB) of a live process, from /proc."""
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(("VmRSS:", "VmHWM:")):
+                    k, v = line.split(":", 1)
+                    out[k] = int(v.split()[0])
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def redis_server(folder: Path) -> Iterator[str]:
+    """A private redis-server on a loopback port, in ``folder``, without persistence
+    (RQ's fastest configuration). Yields its URL; stopped by its pid afterwards."""
+    exe = shutil.which("redis-server") or "/usr/bin/redis-server"
+    port = free_port()
+    argv = [
+        exe,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--dir",
+        str(folder),
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--protected-mode",
+        "yes",
+        "--daemonize",
+        "no",
+        "--loglevel",
+        "warning",
+    ]
+    proc = start(argv, log_path=folder / "redis.log")
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        import redis
+
+        client = redis.Redis.from_url(url)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.exceptions.ConnectionError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError(f"redis-server did not start (see {folder / 'redis.log'})") from None
+                time.sleep(0.02)
+        client.close()
+        yield url
+    finally:
+        stop(proc)

@@ -1,0 +1,335 @@
+"""Scale: the CLI's reading commands and the daemon's memory with 1,000 to 100,000 jobs.
+
+The tree is built fast by writing valid no-op job files (``spool.model.Job``,
+encoded by ``spool.model.encode``) straight into ``pending/`` of a spool on
+the local disk (no ``attempts/J`` reservations: nothing measured reads them).
+
+* ``spool status``, ``spool status --json`` and ``spool ls pending`` run as
+  real commands (wall time, the output read through a pipe), interleaved per
+  round with the *floor*: a Python process that only counts ``pending/`` with
+  ``os.scandir``, i.e. interpreter start-up plus the directory scan any count
+  must do. A parse-all baseline (read + decode every job file as ``Job``,
+  timed in-process, no start-up) shows what counting by parsing would cost.
+* whether a command parses or stats each job file is counted with ``strace``
+  (``openat`` and ``stat`` calls naming a job file) at the largest size.
+* the daemon (``spoold run``, ``max_active = 1``, no-op jobs allowed) is
+  started on the full tree; its memory is read from ``/proc/PID/status`` for
+  two seconds from its first claim (which comes only after the first index
+  refresh has read every pending job's order key): VmHWM, the peak resident
+  size since start, is the figure. The claims it makes in that window give
+  its claim rate with that many jobs pending.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import signal
+import subprocess
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from .common import (
+    PY,
+    SPOOL,
+    SPOOLD,
+    TAGS,
+    Row,
+    count_json,
+    interleave,
+    log,
+    make_spool,
+    median,
+    pair_ratios,
+    proc_status,
+    run_timed,
+    scratch,
+    start,
+    stop,
+)
+
+JOB_NAME = re.compile(r'"(?:[^"]*/)?scale-\d{6}@1\.json"')
+
+COMMANDS = (("status", "spool status"), ("json", "spool status --json"), ("ls", "spool ls pending"))
+
+TRACED = "openat,open,stat,lstat,newfstatat,statx"
+
+FLOOR = "import os, sys; print(sum(1 for e in os.scandir(sys.argv[1]) if e.name.endswith('.json')))"
+
+
+#: mode -> (tree sizes, rounds, seconds the daemon is sampled)
+PLAN: dict[str, tuple[list[int], int, float]] = {
+    "full": ([1_000, 10_000, 100_000], 5, 2.0),
+    "quick": ([1_000, 10_000], 5, 2.0),
+    "smoke": ([100, 300], 1, 0.3),
+}
+
+
+def build_tree(root: Path, n: int) -> None:
+    """``n`` valid no-op jobs in ``pending/``, written directly (no fsync)."""
+    import hashlib
+
+    from spool.model import Expect, Job, Output, encode
+
+    make_spool(root, {"acceptance": {"allow_noop": True}, "limits": {"max_active": 1}})
+    pending = root / "pending"
+    base = datetime.now(UTC)
+    for i in range(n):
+        name = f"scale-{i:06d}"
+        job = Job(
+            job_id=f"{name}@1",
+            name=name,
+            revision=1,
+            operation="noop",
+            recipe=None,
+            recipe_hash=hashlib.sha256(b"null").hexdigest(),
+            sources=[],
+            output=Output(file=f"{name}.txt", container="txt", expect=Expect()),
+            tags=dict(TAGS),
+            submitted_at=base,
+            submitted_by="bench",
+        )
+        fd = os.open(pending / f"{name}@1.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, encode(job))
+        finally:
+            os.close(fd)
+
+
+def parse_all(pending: Path) -> float:
+    """What counting by parsing would cost: read and decode every job file (in-process)."""
+    from spool.model import Job, decode
+
+    t0 = time.perf_counter()
+    for e in os.scandir(pending):
+        if e.name.endswith(".json"):
+            with open(e.path, "rb") as f:
+                decode(f.read(), Job)
+    return time.perf_counter() - t0
+
+
+def strace_counts(argv: list[str]) -> dict[str, int]:
+    """How many job files a command opens and stats (strace -f)."""
+    with scratch("disk", "strace") as d:
+        out = d / "trace"
+        subprocess.run(
+            [
+                "strace",
+                "-f",
+                "-qq",
+                "-e",
+                "trace=openat,open,stat,lstat,newfstatat,statx",
+                "-o",
+                str(out),
+                *argv,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=False,
+        )
+        opens = stats = 0
+        for line in out.read_text(errors="replace").splitlines():
+            if not JOB_NAME.search(line):
+                continue
+            if "open" in line.split("(", 1)[0]:
+                opens += 1
+            else:
+                stats += 1
+    return {"opens": opens, "stats": stats}
+
+
+def daemon_memory(root: Path, window: float) -> dict[str, float]:
+    """Start a daemon on the tree; RSS and HWM (MB) from its first claim for ``window`` s."""
+    running = root / "running"
+    t0 = time.perf_counter()
+    proc = start(
+        [SPOOLD, "run", "--spool", str(root), "--worker", "scale"], log_path=root.parent / "spoold.log"
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"spoold exited {proc.returncode}; see {root.parent / 'spoold.log'}")
+            if time.monotonic() > deadline:
+                raise RuntimeError("spoold made no claim within 300 s")
+            dirs = [p for p in running.iterdir() if p.is_dir()] if running.is_dir() else []
+            if any(count_json(p) for p in dirs) or count_json(root / "complete"):
+                break
+            time.sleep(0.005)
+        first_claim = time.perf_counter() - t0
+        done0 = count_json(root / "complete")
+        rss = hwm = 0
+        t1 = time.perf_counter()
+        while time.perf_counter() - t1 < window:
+            st = proc_status(proc.pid)
+            rss = max(rss, st.get("VmRSS", 0))
+            hwm = max(hwm, st.get("VmHWM", 0))
+            time.sleep(0.1)
+        done = count_json(root / "complete") - done0
+        rate = done / (time.perf_counter() - t1)
+    finally:
+        stop(proc, signal.SIGTERM, timeout=30)
+    return {"rss_mb": rss / 1024, "hwm_mb": hwm / 1024, "first_claim_s": first_claim, "claim_rate": rate}
+
+
+def _exponent(sizes: list[int], values: list[float]) -> float:
+    """Growth exponent between the two largest sizes: 1.0 = proportional to the entries."""
+    if len(sizes) < 2 or values[-2] <= 0:
+        return math.nan
+    return math.log(values[-1] / values[-2]) / math.log(sizes[-1] / sizes[-2])
+
+
+def keys(mode: str) -> list[str]:
+    """The rows this measure promises (the smoke test checks every one is printed)."""
+    sizes = PLAN[mode][0]
+    per_size = ["status", "json", "ls", "parse_all", "daemon_mem", "daemon_first_claim", "daemon_claim_rate"]
+    return [
+        *(f"scale.{k}.{n}" for n in sizes for k in per_size),
+        *(f"scale.growth.{k}" for k, _ in COMMANDS),
+        "scale.daemon_mem.per_job",
+        *(f"scale.strace.{k}" for k, _ in COMMANDS),
+    ]
+
+
+def run(mode: str) -> tuple[list[Row], list[str]]:
+    sizes, rounds, window = PLAN[mode]
+    rows: list[Row] = []
+    series: dict[str, list[float]] = {k: [] for k in ("status", "json", "ls", "floor", "hwm")}
+    traced: dict[str, dict[str, int]] = {}
+    for n in sizes:
+        with scratch("disk", "scale") as d:
+            root = d / "spool"
+            t0 = time.perf_counter()
+            build_tree(root, n)
+            log(f"scale: {n:,} jobs in pending/ (built in {time.perf_counter() - t0:.1f} s), {rounds} rounds")
+            pend = str(root / "pending")
+            env_argv = {
+                "status": [SPOOL, "status", "--spool", str(root)],
+                "json": [SPOOL, "status", "--json", "--spool", str(root)],
+                "ls": [SPOOL, "ls", "pending", "--spool", str(root)],
+                "floor": [PY, "-c", FLOOR, pend],
+            }
+
+            def timed(argv: list[str]) -> float:
+                t = run_timed(argv)
+                if t.returncode != 0:
+                    raise RuntimeError(f"{' '.join(argv[:3])} exited {t.returncode}")
+                return t.wall * 1e3
+
+            res = interleave(rounds, {k: (lambda a=a: timed(a)) for k, a in env_argv.items()})
+            parse = median([parse_all(root / "pending") * 1e3 for _ in range(min(rounds, 3))])
+            if n == sizes[-1]:
+                for k in ("status", "json", "ls"):
+                    traced[k] = strace_counts(env_argv[k])
+            mem = daemon_memory(root, window)
+            log(
+                "  "
+                + ", ".join(f"{k} {median(v):.0f} ms" for k, v in res.items())
+                + f", parse-all {parse:.0f} ms; daemon peak {mem['hwm_mb']:.1f} MB, "
+                f"first claim after {mem['first_claim_s']:.2f} s, {mem['claim_rate']:.0f} claims/s"
+            )
+        big = n == 100_000
+        for k, label in (
+            ("status", "spool status"),
+            ("json", "spool status --json"),
+            ("ls", "spool ls pending"),
+        ):
+            series[k].append(median(res[k]))
+            target = big and k == "status"
+            rows.append(
+                Row(
+                    key=f"scale.{k}.{n}",
+                    measure=f"{label}, {n:,} jobs",
+                    unit="ms",
+                    spool=median(res[k]),
+                    peer="python + scandir count",
+                    peer_value=median(res["floor"]),
+                    ratio=median(pair_ratios(res[k], res["floor"])),
+                    target="< 150 ms" if target else "",
+                    met=median(res[k]) < 150 if target else None,
+                    samples={"spool_ms": res[k], "floor_ms": res["floor"]},
+                )
+            )
+        series["floor"].append(median(res["floor"]))
+        rows.append(
+            Row(
+                key=f"scale.parse_all.{n}",
+                measure=f"  parse-all baseline (read + decode every job), {n:,} jobs",
+                unit="ms",
+                spool=parse,
+                note="in-process, no interpreter start-up: what counting by parsing would add",
+            )
+        )
+        series["hwm"].append(mem["hwm_mb"])
+        rows += [
+            Row(
+                key=f"scale.daemon_mem.{n}",
+                measure=f"spoold peak memory (VmHWM), {n:,} pending",
+                unit="MB",
+                spool=mem["hwm_mb"],
+                target="< 100 MB" if big else "",
+                met=mem["hwm_mb"] < 100 if big else None,
+                samples=mem,
+            ),
+            Row(
+                key=f"scale.daemon_first_claim.{n}",
+                measure=f"  spoold start to first claim, {n:,} pending",
+                unit="s",
+                spool=mem["first_claim_s"],
+            ),
+            Row(
+                key=f"scale.daemon_claim_rate.{n}",
+                measure=f"  spoold no-op claim rate, {n:,} pending (1 slot)",
+                unit="jobs/s",
+                spool=mem["claim_rate"],
+            ),
+        ]
+    top = f"{sizes[-2]:,}->{sizes[-1]:,}"
+    for k, label in COMMANDS:
+        e = _exponent(sizes, series[k])
+        rows.append(
+            Row(
+                key=f"scale.growth.{k}",
+                measure=f"growth exponent {top}: {label}",
+                unit="exp",
+                spool=e,
+                peer="python + scandir count",
+                peer_value=_exponent(sizes, series["floor"]),
+                target="<= 1.0 (entries)",
+                met=e <= 1.05,
+                note="log(t2/t1) / log(n2/n1); 1.0 = time proportional to the number of entries "
+                "(met up to 1.05 for noise); start-up makes small trees' exponents low",
+            )
+        )
+    per_job = (series["hwm"][-1] - series["hwm"][0]) * 1e6 / (sizes[-1] - sizes[0])
+    rows.append(
+        Row(
+            key="scale.daemon_mem.per_job",
+            measure=f"spoold memory per pending job ({sizes[0]:,}->{sizes[-1]:,})",
+            unit="B",
+            spool=per_job,
+        )
+    )
+    for k, label in COMMANDS:
+        c = traced[k]
+        rows.append(
+            Row(
+                key=f"scale.strace.{k}",
+                measure=f"job files opened / stat'ed by {label}, {sizes[-1]:,} jobs",
+                unit="count",
+                spool=float(c["opens"]),
+                peer="stat() calls",
+                peer_value=float(c["stats"]),
+                target="0 opened",
+                met=c["opens"] == 0,
+                note="strace -f -e openat,stat family; a call counts when its path is a job file name",
+            )
+        )
+    notes = [
+        f"scale: sizes {', '.join(f'{s:,}' for s in sizes)}, {rounds} rounds of [status, status --json, "
+        "ls pending, floor] rotated, wall time of the real command with its output read from a pipe; "
+        f"daemon sampled for {window:g} s after its first claim.",
+    ]
+    return rows, notes
