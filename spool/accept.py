@@ -145,6 +145,14 @@ def build_job(tree: Tree, cfg: Config, sub: Submission, submitted_by: str) -> Jo
             "output.file",
             f"must end with {ext} to match the {rec.encode.container} container",
         )
+    estimate = recipe.estimate_bytes(rec, sources)
+    if estimate > cfg.limits.temp_disk_bytes:
+        raise InvalidInput(
+            "recipe",
+            f"this render may need {estimate / 2**30:.1f} GiB of temporary disk, more than "
+            f"limits.temp_disk ({cfg.limits.temp_disk_bytes / 2**30:.1f} GiB) allows; "
+            "shorten it or raise the limit",
+        )
     expect = _merge(
         recipe.default_expect(rec, sources, cfg.validation.duration_tolerance),
         sub.output.expect,
@@ -164,6 +172,7 @@ def build_job(tree: Tree, cfg: Config, sub: Submission, submitted_by: str) -> Jo
         priority=sub.priority,
         submitted_at=now(),
         submitted_by=sub.submitted_by or submitted_by,
+        estimate_bytes=estimate,
     )
 
 

@@ -31,6 +31,7 @@ class _Order(Record, kw_only=True):
 
     priority: int = 0
     submitted_at: datetime | None = None
+    estimate_bytes: int = 0
 
 
 @dataclass(frozen=True, order=True)
@@ -51,6 +52,8 @@ class PendingIndex:
         self._sorted: list[_Key] | None = None
         #: job ID -> epoch seconds before which it must not be claimed (retry backoff)
         self._delayed: dict[str, float] = {}
+        #: job ID -> temporary disk its render may need (reserved while it runs)
+        self._estimate: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -62,6 +65,7 @@ class PendingIndex:
         for jid in gone:
             del self._keys[jid]
             self._delayed.pop(jid, None)
+            self._estimate.pop(jid, None)
         new = names - self._keys.keys()
         for jid in new:
             key = self._read_key(jid)
@@ -81,7 +85,13 @@ class PendingIndex:
         except (OSError, msgspec.DecodeError, msgspec.ValidationError):
             return None  # gone already, or not a job file: claiming will tell
         ts = order.submitted_at.timestamp() if order.submitted_at else 0.0
+        if order.estimate_bytes:
+            self._estimate[jid] = order.estimate_bytes
         return _Key(-order.priority, ts, jid)
+
+    def estimate(self, jid: str) -> int:
+        """Bytes of temporary disk the job's render may need (0 if unknown)."""
+        return self._estimate.get(jid, 0)
 
     def ordered(self) -> list[str]:
         """Job IDs that may be claimed now, in claim order."""
@@ -102,6 +112,7 @@ class PendingIndex:
         if self._keys.pop(jid, None) is not None:
             self._sorted = None
         self._delayed.pop(jid, None)
+        self._estimate.pop(jid, None)
 
 
 def claim(tree: Tree, worker: str, job_id: str) -> bool:

@@ -57,6 +57,7 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     job_timeout: Seconds = 3600.0
     max_attempts: PositiveInt = 3
     nice: Annotated[int, msgspec.Meta(ge=0, le=19)] = 10
+    ionice: Annotated[int, msgspec.Meta(ge=0, le=7)] = 7
     memory: int | str = 0
     output_size: int | str = 0
 
@@ -198,6 +199,7 @@ temp_disk = "20GiB"     # disk a worker may reserve for renders in attempts/*/wo
 job_timeout = 3600      # seconds of wall-clock time one render may take
 max_attempts = 3        # attempts per job before it fails for good
 nice = 10               # CPU niceness of FFmpeg (0-19)
+ionice = 7              # I/O priority of FFmpeg in the best-effort class (0 high - 7 low)
 memory = 0              # address-space limit for FFmpeg, e.g. "8GiB"; 0 = none
 output_size = 0         # largest output file FFmpeg may write, e.g. "50GiB"; 0 = none
 

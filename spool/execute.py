@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import signal
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,7 +136,7 @@ def execute(ctx: Context, job_id: str) -> str:
     except LostOwnership as exc:
         return _lost(ctx, job_id, attempt, str(exc))
     except OSError as exc:
-        return _fail(ctx, job, attempt, _os_failure(exc))
+        return _fail(ctx, job, attempt, _os_failure(exc, attempt, job))
     return "complete"
 
 
@@ -226,6 +227,28 @@ def _render(ctx: Context, job: Job, attempt: Attempt) -> tuple[Path, float]:
             log_excerpt=out.log_tail[-6:],
             next_action="Shorten the job or raise limits.job_timeout in spool.toml, then spool retry it.",
             retryable=False,  # the same render would time out again
+        )
+    if out.returncode == -signal.SIGXFSZ:
+        raise _Failed(
+            "render",
+            "output_size",
+            f"the output grew past limits.output_size ({ctx.cfg.limits.output_size})",
+            expected=f"<= {ctx.cfg.limits.output_size}",
+            actual="larger",
+            log_excerpt=out.log_tail[-4:],
+            next_action="Lower the quality or length in a new revision, or raise limits.output_size.",
+        )
+    if out.returncode != 0 and any("No space left on device" in line for line in out.log_tail):
+        _drop_partial(attempt, job)
+        raise _Failed(
+            "render",
+            "disk_space",
+            "the disk filled up while FFmpeg wrote the output (the partial output was removed)",
+            expected="free space",
+            actual="ENOSPC",
+            log_excerpt=out.log_tail[-4:],
+            next_action="Free space on the spool's disk (spool gc helps); the job is retried automatically.",
+            retryable=True,
         )
     if out.returncode is not None and out.returncode < 0:
         # Killed by a signal we did not send: the OOM killer, an operator. Retry.
@@ -347,15 +370,25 @@ def _install_manifest(tree: Tree, manifest: Manifest) -> Manifest:
     )
 
 
-def _os_failure(exc: OSError) -> _Failed:
+def _drop_partial(attempt: Attempt, job: Job) -> None:
+    """On a full disk, free what this attempt wrote: a partial output is of no use
+    to anyone, and the failure record still has to fit."""
+    try:
+        (attempt.work / job.output.file).unlink()
+    except OSError:
+        pass
+
+
+def _os_failure(exc: OSError, attempt: Attempt, job: Job) -> _Failed:
     if exc.errno == errno.ENOSPC:
+        _drop_partial(attempt, job)
         return _Failed(
             "render",
             "disk_space",
-            "the disk filled up during the attempt",
+            "the disk filled up during the attempt (the partial output was removed)",
             expected="free space",
             actual="ENOSPC",
-            next_action="Free space on the spool's disk, then spool retry the job.",
+            next_action="Free space on the spool's disk (spool gc helps); the job is retried automatically.",
             retryable=True,
         )
     return _Failed(

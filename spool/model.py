@@ -133,6 +133,7 @@ class Job(Record, kw_only=True):
     submitted_at: datetime
     submitted_by: str
     submission_sha256: str = ""  # of the submitted bytes: recognises a re-delivered drop
+    estimate_bytes: int = 0  # temporary disk the render may need (reserved before claiming)
 
     def source(self, role: str) -> Source:
         for s in self.sources:

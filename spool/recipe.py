@@ -369,6 +369,30 @@ def default_expect(recipe: Recipe, sources: Mapping[str, Source], tolerance: flo
     )
 
 
+#: Bits per pixel a quality-targeted encode rarely exceeds (a generous ceiling,
+#: since the estimate only reserves temporary disk).
+_BITS_PER_PIXEL = {"h264": 0.25, "hevc": 0.2, "vp9": 0.2, "prores": 3.0}
+_AUDIO_BITS = {"aac": 320_000, "opus": 256_000, "pcm_s16le": 48_000 * 16 * 2}
+
+
+def _bits_per_second(text: str) -> int:
+    return int(text[:-1]) * (1000 if text[-1] == "k" else 1_000_000) if text[-1] in "kM" else int(text)
+
+
+def estimate_bytes(recipe: Recipe, sources: Mapping[str, Source]) -> int:
+    """Pure: an upper estimate of the output's size, reserved as temporary disk
+    before a render is claimed (twice the estimate covers muxer overhead)."""
+    sh = shape(recipe, sources)
+    seconds = sh.duration if sh.duration is not None else 3600.0
+    enc = recipe.encode
+    if enc.video_bitrate is not None:
+        video = _bits_per_second(enc.video_bitrate)
+    else:
+        video = int(sh.width * sh.height * sh.fps * _BITS_PER_PIXEL[enc.video_codec])
+    audio = _AUDIO_BITS[audio_codec(enc)] if sh.has_audio else 0
+    return int(2 * (video + audio) * seconds / 8) + (1 << 20)
+
+
 def extension(recipe: Recipe) -> str:
     return EXTENSIONS[recipe.encode.container]
 

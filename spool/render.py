@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import platform
 import resource
 import selectors
 import shlex
@@ -51,14 +52,23 @@ class RenderOutcome:
         return self.returncode == 0 and self.stopped is None
 
 
-def _child_setup(nice: int, memory: int, file_size: int) -> Callable[[], None]:
+#: ioprio_set(2) system call numbers (no libc wrapper exists).
+_IOPRIO_SET = {"x86_64": 251, "aarch64": 30, "i686": 289, "armv7l": 314}.get(platform.machine())
+_IOPRIO_CLASS_BE = 2
+
+
+def _child_setup(nice: int, ionice: int, memory: int, file_size: int) -> Callable[[], None]:
     """Runs in the forked child before exec: only plain system calls, no locks."""
+    syscall = ctypes.CDLL(None, use_errno=True).syscall if _IOPRIO_SET is not None else None
 
     def setup() -> None:
         if _prctl is not None:
             _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         if nice:
             os.nice(nice)
+        if syscall is not None:
+            # IOPRIO_WHO_PROCESS (1), this process (0), best-effort class at the given level
+            syscall(_IOPRIO_SET, 1, 0, (_IOPRIO_CLASS_BE << 13) | ionice)
         if memory:
             resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
         if file_size:
@@ -124,7 +134,9 @@ def run(
             stdout=subprocess.PIPE,
             stderr=log,
             process_group=0,
-            preexec_fn=_child_setup(limits.nice, limits.memory_bytes, limits.output_size_bytes),
+            preexec_fn=_child_setup(
+                limits.nice, limits.ionice, limits.memory_bytes, limits.output_size_bytes
+            ),
         )
         assert proc.stdout is not None
         sel = selectors.DefaultSelector()

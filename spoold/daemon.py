@@ -16,6 +16,7 @@ interrupts them at once.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -53,6 +54,12 @@ class Daemon:
         self.ctx = Context(tree, cfg, worker, self.journal, self.interrupt)
         self.index = claim.PendingIndex(tree)
         self.slots: dict[str, threading.Thread] = {}
+        #: Temporary disk reserved per running job (its estimate), within limits.temp_disk.
+        self.reserved: dict[str, int] = {}
+        #: Own running jobs whose attempt thread died: job ID -> (next try, backoff seconds).
+        self.orphans: dict[str, tuple[float, float]] = {}
+        self._orphans_lock = threading.Lock()
+        self._disk_warned: set[str] = set()
         self.identity = Identity(tree, worker)
         self.heartbeat = Heartbeat(tree, worker, cfg.limits.max_active, cfg.limits.temp_disk_bytes)
         self.watcher = Watcher([tree.incoming, tree.pending], self.wake)
@@ -112,6 +119,8 @@ class Daemon:
     def _step(self) -> bool:
         """One iteration of the loop; ``False`` when the daemon should exit."""
         self._reap()
+        if self.orphans:
+            self._recover_orphans()
         now = time.monotonic()
         if self.stopping:
             if not self.slots:
@@ -131,7 +140,11 @@ class Daemon:
                 log.info("drained: nothing pending, running or arriving")
                 return False
         if now >= self._next_beat:
-            self.heartbeat.beat(active=list(self.slots), state="stopping" if self.stopping else "running")
+            self.heartbeat.beat(
+                active=list(self.slots),
+                state="stopping" if self.stopping else "running",
+                temp_disk_reserved=sum(self.reserved.values()),
+            )
             self._next_beat = now + self.cfg.daemon.heartbeat_interval
         call(self.hooks, "tick", self)
         self.wake.wait(timeout=0.5 if self.stopping else self.cfg.daemon.poll_interval)
@@ -158,11 +171,23 @@ class Daemon:
         for jid in self.index.ordered():
             if free <= 0 or self.stopping:
                 break
+            need = self.index.estimate(jid)
+            if not self._disk_allows(need):
+                if jid not in self._disk_warned:
+                    self._disk_warned.add(jid)
+                    log.warning(
+                        "%s waits: its render may need %d bytes of temporary disk, more than is "
+                        "free or left of limits.temp_disk now",
+                        jid,
+                        need,
+                    )
+                continue  # leave it pending; a smaller job may fit now, this one later
             self.index.discard(jid)  # either ours now, or somebody else's
             if not claim.claim(self.tree, self.worker, jid):
                 self.stats["claim_conflicts"] += 1
                 continue
             self.stats["claims"] += 1
+            self.reserved[jid] = need
             crashpoint("after_claim")
             t = threading.Thread(target=self._run_job, args=(jid,), name=f"job-{jid}", daemon=True)
             self.slots[jid] = t
@@ -174,18 +199,47 @@ class Daemon:
             outcome = execute(self.ctx, jid)
             log.info("%s: %s", jid, outcome)
         except Exception:
-            # A bug, not bad input: leave the job in running/ for recovery at restart.
-            log.exception("%s: attempt crashed; left in running/%s for recovery", jid, self.worker)
+            # An I/O error at a commit point (a NAS hiccup, a full disk while
+            # writing a record) or a bug: the job is still ours in running/, so
+            # recover it by evidence from the loop, as a restart would.
+            log.exception("%s: attempt ended abnormally; recovering it", jid)
+            with self._orphans_lock:
+                self.orphans[jid] = (time.monotonic(), 1.0)
         finally:
             self.wake.set()
+
+    def _recover_orphans(self) -> None:
+        """Recover our own running jobs whose attempt thread died, with backoff."""
+        now = time.monotonic()
+        with self._orphans_lock:
+            due = [(j, wait) for j, (when, wait) in self.orphans.items() if when <= now]
+        for jid, wait in due:
+            try:
+                recover.recover(self.ctx, jid, why="this worker's attempt thread ended abnormally")
+            except Exception:
+                log.exception("%s: recovery failed; trying again in %.0f s", jid, wait * 2)
+                with self._orphans_lock:
+                    self.orphans[jid] = (now + wait * 2, min(wait * 2, 300.0))
+                continue
+            with self._orphans_lock:
+                self.orphans.pop(jid, None)
 
     def _reap(self) -> None:
         for jid, t in list(self.slots.items()):
             if not t.is_alive():
                 del self.slots[jid]
+                self.reserved.pop(jid, None)
+
+    def _disk_allows(self, need: int) -> bool:
+        """Reserve before claiming: within the allowance, and actually free on disk."""
+        held = sum(self.reserved.values())
+        if held + need > self.cfg.limits.temp_disk_bytes:
+            return False
+        st = os.statvfs(self.tree.attempts)
+        return st.f_bavail * st.f_frsize >= held + need
 
     def _drained(self) -> bool:
-        if self.slots or len(self.index):
+        if self.slots or self.orphans or len(self.index):
             return False
         if any(True for _ in visible_names(self.tree.incoming)):
             return False

@@ -36,6 +36,7 @@ def run(
     """Claim, render, validate and publish jobs until stopped (or drained)."""
     # journald adds time, unit and (from a <N> prefix) priority; a terminal user wants the time.
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO), handlers=[log_handler()])
+    logging.getLogger("watchdog").setLevel(logging.INFO)  # its debug output is one line per inotify event
     tree = Tree.at(spool)
     try:
         if not tree.is_spool():

@@ -22,6 +22,10 @@ class _Wake(FileSystemEventHandler):
         self.wake = wake
 
     def on_any_event(self, event: FileSystemEvent) -> None:
+        # Only changes matter. Opening and reading a folder (our own scans) also
+        # raise inotify events, and waking on those would spin the loop.
+        if event.event_type in ("opened", "closed_no_write"):
+            return
         self.wake.set()
 
 
