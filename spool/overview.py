@@ -37,9 +37,6 @@ from .model import AttemptRecord, Failure, Manifest, Progress, Rejection, Worker
 from .status import attempt_numbers, read, running_workers, show
 from .tree import HOST, Tree, boot_id, is_visible, visible_names
 
-#: States whose oldest entry is worth an age: a job waits or works there.
-AGED_STATES = ("incoming", "pending", "running")
-
 
 @dataclass
 class _Scan:
