@@ -286,7 +286,7 @@ def serve(
     try:
         host, port = web.parse_bind(bind or cfg.observe.bind)
     except ValueError as exc:
-        raise fail(InvalidInput("--bind", str(exc)), False) from None
+        raise fail(InvalidInput("--bind" if bind else "spool.toml: observe.bind", str(exc)), False) from None
 
     def ready(url: str) -> None:
         typer.echo(f"serving {url} for {tree.root} (read-only; Ctrl-C to stop)")
