@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import logging
 import os
 import pwd
 import stat
@@ -49,9 +50,11 @@ from .model import (
     job_id,
     now,
 )
-from .status import load_job, locate
+from .status import load_job, locate, read
 from .store import sha256_file
 from .tree import Tree, fsync_dir, is_visible, rename_durable, write_atomic
+
+log = logging.getLogger("spool.accept")
 
 Name = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9._-]{0,95}$")]
 Revision = Annotated[int, msgspec.Meta(ge=1, le=999_999_999)]
@@ -130,6 +133,7 @@ def build_job(tree: Tree, cfg: Config, sub: Submission, submitted_by: str) -> Jo
         return _noop_job(cfg, sub, jid, submitted_by)
     rec = sub.recipe
 
+    recipe.check_roles(rec, set(sub.sources))
     roots = cfg.asset_roots(tree.root)
     resolved = {role: _resolve(role, text, roots) for role, text in sub.sources.items()}
     unused = sorted(set(resolved) - rec.roles())
@@ -231,7 +235,12 @@ def _resolve(role: str, text: str, roots: list[Path]) -> Path:
     for cand in candidates:
         if not os.path.lexists(cand):
             continue
-        real = cand.resolve()
+        try:
+            real = cand.resolve(strict=True)
+        except RuntimeError:
+            raise InvalidInput(field, f"{text} is a symbolic link loop") from None
+        except OSError as exc:
+            raise InvalidInput(field, f"{text} cannot be resolved ({exc.strerror})") from None
         if not any(real == root or root in real.parents for root in roots):
             raise InvalidInput(field, f"{text} resolves to {real}, outside the asset roots")
         return real
@@ -345,12 +354,21 @@ def _stem(name: str) -> str:
     return safe or "submission"
 
 
-def _free_stem(tree: Tree, stem: str) -> str:
+def _free_stem(tree: Tree, stem: str, original_name: str) -> str:
+    """A stem not taken in ``rejected/``; a reason left alone by a crash between
+    the two writes below, for this same file, is taken over rather than kept."""
     n, cand = 1, stem
-    while (tree.rejected / f"{cand}.json").exists() or (tree.rejected / f"{cand}.error.json").exists():
+    while True:
+        data_taken = (tree.rejected / f"{cand}.json").exists()
+        reason = tree.rejected / f"{cand}.error.json"
+        if not data_taken and not reason.exists():
+            return cand
+        if not data_taken:
+            left = read(reason, Rejection)
+            if left is not None and left.file == original_name:
+                return cand
         n += 1
         cand = f"{stem}-{n}"
-    return cand
 
 
 def reject(
@@ -364,19 +382,21 @@ def reject(
 ) -> Path:
     """File a submission under ``rejected/`` with a one-sentence reason beside it.
 
-    Either ``data`` (a copy, for ``spool submit``) or ``move_from`` (the drop
-    itself, renamed out of ``incoming/``) gives the rejected file.
+    The reason is written first, so a reader who sees ``rejected/<name>.json``
+    can always read ``<name>.error.json``. Either ``data`` (a copy, for
+    ``spool submit``) or ``move_from`` (the drop itself, renamed out of
+    ``incoming/``) gives the rejected file.
     """
-    stem = _free_stem(tree, _stem(original_name))
+    stem = _free_stem(tree, _stem(original_name), original_name)
     dest = tree.rejected / f"{stem}.json"
-    if move_from is not None:
-        rename_durable(move_from, dest)
-    else:
-        write_atomic(dest, data or b"")
     rec = Rejection(
         file=original_name, field=error.field, reason=str(error), rejected_at=now(), rejected_by=by
     )
     write_atomic(tree.rejected / f"{stem}.error.json", encode(rec))
+    if move_from is not None:
+        rename_durable(move_from, dest)
+    else:
+        write_atomic(dest, data or b"")
     return dest
 
 
@@ -385,13 +405,14 @@ def reject(
 
 def submit_file(tree: Tree, cfg: Config, path: Path, journal: Journal, user: str) -> Outcome:
     """``spool submit FILE``: the file is the user's; spool keeps a copy if rejected."""
+    name = display_name(path.name)
     try:
         data = _read_submission(path, cfg)
     except InvalidInput as exc:
-        rej = reject(tree, path.name, exc, user, data=b"")
-        journal.record(path.name, "rejected", from_="submit", reason=str(exc))
+        rej = reject(tree, name, exc, user, data=b"")
+        journal.record(name, "rejected", from_="submit", reason=str(exc))
         return Rejected(exc, rej)
-    return _accept_or_reject(tree, cfg, data, path.name, journal, user, source_path=None)
+    return _accept_or_reject(tree, cfg, data, name, journal, user, source_path=None)
 
 
 def _accept_or_reject(
@@ -483,22 +504,42 @@ def accept_incoming(
 ) -> list[Outcome]:
     """Process up to ``limit`` drops from ``incoming/``; never raises on bad input."""
     out: list[Outcome] = []
-    for name, taken, redelivered in take_incoming(tree, worker):
-        user = owner_of(taken)
+    for raw_name, taken, redelivered in take_incoming(tree, worker):
+        name = display_name(raw_name)
         try:
-            data = _read_submission(taken, cfg)
-        except InvalidInput as exc:
-            rej = reject(tree, name, exc, worker, move_from=taken)
-            journal.record(name, "rejected", from_="incoming", reason=str(exc))
-            out.append(Rejected(exc, rej))
-        else:
-            outcome = _accept_or_reject(
-                tree, cfg, data, name, journal, user, source_path=taken, redelivered=redelivered
-            )
-            if isinstance(outcome, Accepted):
-                os.unlink(taken)
-                fsync_dir(tree.incoming)
-            out.append(outcome)
+            out.append(_accept_drop(tree, cfg, name, taken, redelivered, worker, journal))
+        except Exception as exc:  # a bug must not wedge the queue on one file
+            log.exception("accepting %s failed", name)
+            err = InvalidInput("submission", f"could not be processed ({type(exc).__name__}: {exc})")
+            try:
+                out.append(Rejected(err, reject(tree, name, err, worker, move_from=taken)))
+                journal.record(name, "rejected", from_="incoming", reason=str(err))
+            except Exception:
+                log.exception("could not move %s to rejected/", name)
         if len(out) >= limit:
             break
     return out
+
+
+def _accept_drop(
+    tree: Tree, cfg: Config, name: str, taken: Path, redelivered: bool, worker: str, journal: Journal
+) -> Outcome:
+    user = owner_of(taken)
+    try:
+        data = _read_submission(taken, cfg)
+    except InvalidInput as exc:
+        rej = reject(tree, name, exc, worker, move_from=taken)
+        journal.record(name, "rejected", from_="incoming", reason=str(exc))
+        return Rejected(exc, rej)
+    outcome = _accept_or_reject(
+        tree, cfg, data, name, journal, user, source_path=taken, redelivered=redelivered
+    )
+    if isinstance(outcome, Accepted):
+        os.unlink(taken)
+        fsync_dir(tree.incoming)
+    return outcome
+
+
+def display_name(name: str) -> str:
+    """A file name as text that can be written anywhere (undecodable bytes escaped)."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")

@@ -61,13 +61,6 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     memory: int | str = 0
     output_size: int | str = 0
 
-    def __post_init__(self) -> None:
-        for key in ("temp_disk", "memory", "output_size"):
-            try:
-                parse_size(getattr(self, key))
-            except ValueError as exc:
-                raise ValueError(f"limits.{key}: {exc}") from None
-
     @property
     def temp_disk_bytes(self) -> int:
         return parse_size(self.temp_disk)
@@ -173,9 +166,15 @@ def parse(raw: bytes, name: str = "spool.toml") -> Config:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(name, f"is not valid TOML ({exc})") from None
     try:
-        return convert(data, Config)
+        cfg = convert(data, Config)
     except InvalidInput as exc:
         raise ConfigError(f"{name}: {exc.field}", exc.problem) from None
+    for key in ("temp_disk", "memory", "output_size"):
+        try:
+            parse_size(getattr(cfg.limits, key))
+        except ValueError as exc:
+            raise ConfigError(f"{name}: limits.{key}", str(exc)) from None
+    return cfg
 
 
 def template(asset_roots: list[str]) -> str:

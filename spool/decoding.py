@@ -18,7 +18,8 @@ from .errors import InvalidInput
 
 T = TypeVar("T")
 
-_AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
+_AT = re.compile(r"^(?P<msg>.*?)(?: - at (?P<key>`key` in )?`\$(?P<path>[^`]*)`)?$", re.S)
+_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 _SEGMENT = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]|\[(?:'|\")([^'\"]*)(?:'|\")\]")
 
 
@@ -76,7 +77,7 @@ def _unpaired_surrogate(value: Any, path: str) -> str | None:
         return None
     if isinstance(value, dict):
         for k, v in value.items():
-            sub = f"{path}.{k}" if path else str(k)
+            sub = f"{path}.{display_key(k)}" if path else display_key(k)
             if (found := _unpaired_surrogate(k, sub)) is not None or (
                 found := _unpaired_surrogate(v, sub)
             ) is not None:
@@ -93,31 +94,107 @@ def convert(value: Any, typ: type[T], prefix: str = "") -> T:
     try:
         return msgspec.convert(value, typ)
     except msgspec.ValidationError as exc:
-        field, problem = explain(exc, typ)
+        field, problem = explain(exc, typ, value)
         if prefix:
             field = f"{prefix}.{field}" if field else prefix
         raise InvalidInput(field, problem) from None
 
 
-def explain(exc: msgspec.ValidationError, root: Any) -> tuple[str, str]:
-    """A msgspec error -> (dotted field path, one-sentence problem)."""
+def display_key(key: str) -> str:
+    """A key as it can appear in a field path: plain, or JSON-quoted (so spaces,
+    newlines and lone surrogates stay on one readable, encodable line)."""
+    return key if _PLAIN_KEY.match(key) else json.dumps(key)
+
+
+def explain(exc: msgspec.ValidationError, root: Any, value: Any = None) -> tuple[str, str]:
+    """A msgspec error -> (dotted field path, one-sentence problem).
+
+    ``value`` (the input) lets an error inside a mapping (``$.tags[...]`` or
+    a bad key) name the entry that caused it.
+    """
     m = _AT.match(str(exc))
     assert m is not None
     msg, path = m.group("msg"), (m.group("path") or "")
     field = path.lstrip(".")
-    if mm := re.match(r"Object contains unknown field `(.+)`", msg):
-        name = mm.group(1)
-        allowed = _field_names(_type_at(root, path))
+    in_key = bool(m.group("key"))
+    if (in_key or field.endswith("[...]")) and value is not None:
+        dict_path = path[:-5] if field.endswith("[...]") else path
+        bad = _bad_entry(value, root, dict_path)
+        text = msg.replace("`", "")
+        text = text[:1].lower() + text[1:]
+        base = dict_path.lstrip(".")
+        if bad is not None:
+            where = _join(base, display_key(bad))
+            return (where, f"is not an accepted name ({text})") if in_key else (where, text)
+        return base, f"has an entry that is not accepted ({text})"
+    if mm := re.match(r"Object contains unknown field `(.*)`", msg, re.S):
+        name = display_key(mm.group(1))
+        allowed = _field_names(_member(_type_at(root, path), value, path))
         hint = f" (allowed: {', '.join(allowed)})" if allowed else ""
         return _join(field, name), f"is not a known field{hint}"
-    if mm := re.match(r"Object missing required field `(.+)`", msg):
-        return _join(field, mm.group(1)), "is required but missing"
+    if mm := re.match(r"Object missing required field `(.*)`", msg, re.S):
+        return _join(field, display_key(mm.group(1))), "is required but missing"
     if mm := re.match(r"Invalid (?:enum )?value (.+)", msg):
         choices = _choices(_type_at(root, path))
         hint = f"; use one of {', '.join(choices)}" if choices else ""
         return field, f"{mm.group(1)} is not an accepted value{hint}"
     text = msg.replace("`", "")
     return field, text[:1].lower() + text[1:]
+
+
+def _member(t: msgspec.inspect.Type | None, value: Any, path: str) -> msgspec.inspect.Type | None:
+    """For a tagged union, the member struct the input's tag selects."""
+    if not isinstance(t, msgspec.inspect.UnionType) or value is None:
+        return t
+    node = value
+    try:
+        for name, index, _ in _SEGMENT.findall(path):
+            node = node[name] if name else node[int(index)]
+    except (KeyError, IndexError, TypeError, ValueError):
+        return t
+    for s in t.types:
+        if (
+            isinstance(s, msgspec.inspect.StructType)
+            and isinstance(node, dict)
+            and node.get(s.tag_field) == s.tag
+        ):
+            return s
+    return t
+
+
+def _bad_entry(value: Any, root: Any, dict_path: str) -> str | None:
+    """The first key of the mapping at ``dict_path`` whose entry alone fails to convert."""
+    segments = [(n, int(i) if i else None) for n, i, _ in _SEGMENT.findall(dict_path)]
+    target = value
+    try:
+        for name, index in segments:
+            target = target[name] if name else target[index]
+    except (KeyError, IndexError, TypeError):
+        return None
+    if not isinstance(target, dict):
+        return None
+    for key in list(target):
+        trial = _replace_at(value, segments, {key: target[key]})
+        try:
+            msgspec.convert(trial, root)
+        except msgspec.ValidationError as exc:
+            m = _AT.match(str(exc))
+            if m is not None and (m.group("path") or "").startswith(dict_path):
+                return str(key)
+    return None
+
+
+def _replace_at(value: Any, segments: list[tuple[str, int | None]], new: Any) -> Any:
+    """A shallow copy of ``value`` with the node at ``segments`` replaced by ``new``."""
+    if not segments:
+        return new
+    (name, index), rest = segments[0], segments[1:]
+    if name:
+        return {**value, name: _replace_at(value[name], rest, new)}
+    assert index is not None
+    out = list(value)
+    out[index] = _replace_at(value[index], rest, new)
+    return out
 
 
 def _join(parent: str, name: str) -> str:

@@ -215,6 +215,18 @@ def audio_codec(enc: Encode) -> str:
 # -- checks at acceptance -------------------------------------------------------
 
 
+def check_roles(recipe: Recipe, declared: set[str]) -> None:
+    """Every role the recipe names must be declared in ``sources`` (pure; runs first,
+    so a typo is reported where it is, not as an unused source)."""
+    if recipe.input not in declared:
+        raise InvalidInput("recipe.input", f"names source {recipe.input!r}, which sources does not declare")
+    for i, s in enumerate(recipe.steps):
+        if isinstance(s, (Overlay, Audio)) and s.source and s.source not in declared:
+            raise InvalidInput(
+                f"recipe.steps[{i}].source", f"names source {s.source!r}, which sources does not declare"
+            )
+
+
 def check(recipe: Recipe, sources: Mapping[str, Source]) -> None:
     """Cross-field checks the types cannot express. Raises :class:`InvalidInput`
     naming the field; returns only for a recipe that can be rendered."""
