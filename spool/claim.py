@@ -14,8 +14,10 @@ for a worker whose job was taken away.
 
 from __future__ import annotations
 
+import bisect
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -43,13 +45,21 @@ class _Key:
 
 class PendingIndex:
     """The daemon's ordered view of ``pending/``: higher priority first, then
-    earlier submission. Each job file is parsed once, when its name first
-    appears; a rescan costs one directory listing."""
+    earlier submission.
+
+    Each job file is parsed once, when its name first appears. The order is a
+    sorted list kept up to date with ``bisect`` (a claim or a new job costs
+    O(log n) comparisons, not a re-sort of 100,000 keys); entries that left
+    are skipped when read and compacted away now and then. A full rescan
+    costs one directory listing; between rescans the watcher's events are
+    applied name by name (:meth:`note`).
+    """
 
     def __init__(self, tree: Tree) -> None:
         self.tree = tree
         self._keys: dict[str, _Key] = {}
-        self._sorted: list[_Key] | None = None
+        self._sorted: list[_Key] = []
+        self._stale = 0
         #: job ID -> epoch seconds before which it must not be claimed (retry backoff)
         self._delayed: dict[str, float] = {}
         #: job ID -> temporary disk its render may need (reserved while it runs)
@@ -61,22 +71,30 @@ class PendingIndex:
     def refresh(self) -> int:
         """Re-read the names in ``pending/``; returns how many jobs it holds."""
         names = {n[:-5] for n in visible_names(self.tree.pending)}
-        gone = self._keys.keys() - names
-        for jid in gone:
-            del self._keys[jid]
-            self._delayed.pop(jid, None)
-            self._estimate.pop(jid, None)
+        for jid in self._keys.keys() - names:
+            self.discard(jid)
         new = names - self._keys.keys()
-        for jid in new:
+        keys = [k for k in (self._read_key(jid) for jid in new) if k is not None]
+        for k in keys:
+            self._keys[k.job_id] = k
+        if len(keys) > 64 or self._stale > len(self._sorted) // 2:
+            self._sorted = sorted(self._keys.values())  # one sort beats many inserts
+            self._stale = 0
+        else:
+            for k in keys:
+                bisect.insort(self._sorted, k)
+        return len(self._keys)
+
+    def note(self, jid: str) -> None:
+        """Apply one watcher event about ``pending/<jid>.json`` without a rescan."""
+        present = self.tree.job_file("pending", jid).exists()
+        if not present:
+            self.discard(jid)
+        elif jid not in self._keys:
             key = self._read_key(jid)
             if key is not None:
                 self._keys[jid] = key
-                wait_until = retry.not_before(self.tree, jid)
-                if wait_until is not None:
-                    self._delayed[jid] = wait_until
-        if gone or new:
-            self._sorted = None
-        return len(self._keys)
+                bisect.insort(self._sorted, key)
 
     def _read_key(self, jid: str) -> _Key | None:
         try:
@@ -87,22 +105,28 @@ class PendingIndex:
         ts = order.submitted_at.timestamp() if order.submitted_at else 0.0
         if order.estimate_bytes:
             self._estimate[jid] = order.estimate_bytes
+        wait_until = retry.not_before(self.tree, jid)
+        if wait_until is not None:
+            self._delayed[jid] = wait_until
         return _Key(-order.priority, ts, jid)
 
     def estimate(self, jid: str) -> int:
         """Bytes of temporary disk the job's render may need (0 if unknown)."""
         return self._estimate.get(jid, 0)
 
-    def ordered(self) -> list[str]:
-        """Job IDs that may be claimed now, in claim order."""
-        if self._sorted is None:
-            self._sorted = sorted(self._keys.values())
-        if not self._delayed:
-            return [k.job_id for k in self._sorted]
+    def ordered(self) -> Iterator[str]:
+        """Job IDs that may be claimed now, in claim order (lazily: the caller
+        usually stops after a few)."""
         t = time.time()
-        for jid in [j for j, until in self._delayed.items() if until <= t]:
-            del self._delayed[jid]
-        return [k.job_id for k in self._sorted if k.job_id not in self._delayed]
+        for k in self._sorted:
+            if self._keys.get(k.job_id) is not k:
+                continue  # left pending/ since it was indexed
+            until = self._delayed.get(k.job_id)
+            if until is not None:
+                if until > t:
+                    continue
+                del self._delayed[k.job_id]
+            yield k.job_id
 
     def next_due(self) -> float | None:
         """When the earliest delayed job becomes claimable (epoch seconds)."""
@@ -110,7 +134,7 @@ class PendingIndex:
 
     def discard(self, jid: str) -> None:
         if self._keys.pop(jid, None) is not None:
-            self._sorted = None
+            self._stale += 1
         self._delayed.pop(jid, None)
         self._estimate.pop(jid, None)
 

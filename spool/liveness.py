@@ -56,7 +56,8 @@ def holds_identity(tree: Tree, worker: str) -> bool:
     import portalocker
 
     try:
-        with open(tree.worker_lock(worker), "a+b") as f:
+        # Read-only is enough for flock, so a viewer without write access can ask too.
+        with open(tree.worker_lock(worker), "rb") as f:
             try:
                 portalocker.lock(f, portalocker.LOCK_EX | portalocker.LOCK_NB)
             except portalocker.LockException:

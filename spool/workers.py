@@ -13,8 +13,6 @@ import os
 from dataclasses import dataclass, field
 from typing import IO
 
-import portalocker
-
 from .errors import SpoolError
 from .model import WorkerRecord, encode, now
 from .tree import HOST, Tree, boot_id, write_atomic
@@ -38,6 +36,8 @@ class Identity:
     _file: IO[bytes] | None = field(default=None, repr=False)
 
     def acquire(self) -> None:
+        import portalocker  # only daemons need it; keeps the CLI's start fast
+
         path = self.tree.worker_lock(self.worker)
         f = open(path, "a+b")  # noqa: SIM115 - held open for the daemon's life
         try:
@@ -50,6 +50,8 @@ class Identity:
         self._file = f
 
     def release(self) -> None:
+        import portalocker
+
         if self._file is not None:
             portalocker.unlock(self._file)
             self._file.close()

@@ -62,7 +62,7 @@ class Daemon:
         self._disk_warned: set[str] = set()
         self.identity = Identity(tree, worker)
         self.heartbeat = Heartbeat(tree, worker, cfg.limits.max_active, cfg.limits.temp_disk_bytes)
-        self.watcher = Watcher([tree.incoming, tree.pending], self.wake)
+        self.watcher = Watcher([tree.incoming, tree.pending], self.wake, tree.pending)
         self._signals = 0
         #: Counters hooks may read (metrics): claims lost to another worker, and so on.
         self.stats: dict[str, int] = {"claim_conflicts": 0, "claims": 0}
@@ -129,12 +129,14 @@ class Daemon:
                 log.info("grace period over: interrupting %d render(s)", len(self.slots))
                 self.interrupt.set()
         else:
-            woke = self.wake.is_set()
             self.wake.clear()
-            accepted = self._accept()
-            if woke or accepted or now >= self._next_scan:
-                self.index.refresh()
+            self._accept()
+            if now >= self._next_scan:
+                self.index.refresh()  # the truth, on a timer: inotify misses other hosts
                 self._next_scan = now + self.cfg.daemon.poll_interval
+            else:
+                for jid in self.watcher.changed():  # local changes, name by name
+                    self.index.note(jid)
             self._fill_slots()
             if self.drain and self._drained():
                 log.info("drained: nothing pending, running or arriving")
@@ -162,6 +164,7 @@ class Daemon:
                 log.warning("rejected %s: %s", o.path.name, o.error)
             else:
                 log.info("accepted %s", o.job.job_id)
+                self.index.note(o.job.job_id)  # claimable in this very iteration
         return len(outcomes)
 
     def _fill_slots(self) -> None:

@@ -2,12 +2,16 @@
 
 inotify sees only changes made through this host's kernel: on a network mount
 another host's drops and claims are invisible to it (nas.md, table row g). So
-the daemon always rescans on a timer too; inotify only makes local drops fast.
+the daemon always rescans on a timer too; inotify only makes local changes
+fast. Besides waking the loop, the watcher hands over the names that changed
+in ``pending/``, so the claim order can be updated name by name instead of
+rescanning a folder of 100,000 jobs after every claim.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from pathlib import Path
 
@@ -17,32 +21,51 @@ from watchdog.observers import Observer
 log = logging.getLogger("spoold.watcher")
 
 
-class _Wake(FileSystemEventHandler):
-    def __init__(self, wake: threading.Event) -> None:
-        self.wake = wake
+class _Handler(FileSystemEventHandler):
+    def __init__(self, watcher: Watcher) -> None:
+        self.watcher = watcher
 
     def on_any_event(self, event: FileSystemEvent) -> None:
         # Only changes matter. Opening and reading a folder (our own scans) also
         # raise inotify events, and waking on those would spin the loop.
         if event.event_type in ("opened", "closed_no_write"):
             return
-        self.wake.set()
+        paths = [event.src_path, getattr(event, "dest_path", "")]
+        self.watcher.saw([os.fsdecode(p) for p in paths if p])
 
 
 class Watcher:
-    """Sets ``wake`` whenever something changes in the watched folders."""
+    """Sets ``wake`` whenever something changes in the watched folders, and
+    collects the job IDs that changed in ``pending``."""
 
-    def __init__(self, folders: list[Path], wake: threading.Event) -> None:
+    def __init__(self, folders: list[Path], wake: threading.Event, pending: Path) -> None:
         self.folders = folders
         self.wake = wake
+        self.pending = str(pending)
+        self._changed: set[str] = set()
+        self._lock = threading.Lock()
         self._observer: Observer | None = None  # type: ignore[valid-type]
+
+    def saw(self, paths: list[str]) -> None:
+        with self._lock:
+            for p in paths:
+                folder, name = os.path.split(p)
+                if folder == self.pending and name.endswith(".json") and not name.startswith("."):
+                    self._changed.add(name[:-5])
+        self.wake.set()
+
+    def changed(self) -> set[str]:
+        """Job IDs whose ``pending/`` file appeared or went since the last call."""
+        with self._lock:
+            out, self._changed = self._changed, set()
+        return out
 
     def start(self) -> bool:
         """Start inotify watches; ``False`` if they cannot be had (polling only)."""
         try:
             obs = Observer()
             for folder in self.folders:
-                obs.schedule(_Wake(self.wake), str(folder), recursive=False)
+                obs.schedule(_Handler(self), str(folder), recursive=False)
             obs.daemon = True
             obs.start()
         except Exception as exc:  # inotify limits, unsupported filesystems

@@ -87,10 +87,10 @@ def test_claim_order_is_priority_then_submission_time(tree, cfg, assets):
         ids.append(job.job_id)
     index = claim.PendingIndex(tree)
     assert index.refresh() == 5
-    assert index.ordered() == ["urgent@1", "high@1", "low-a@1", "low-b@1", "neg@1"]
+    assert list(index.ordered()) == ["urgent@1", "high@1", "low-a@1", "low-b@1", "neg@1"]
     index.discard("urgent@1")
-    assert index.ordered()[0] == "high@1"
+    assert next(index.ordered()) == "high@1"
     # A job that leaves pending/ disappears from the index on the next scan.
     assert claim.claim(tree, "w1", "high@1")
     index.refresh()
-    assert "high@1" not in index.ordered()
+    assert "high@1" not in list(index.ordered())
