@@ -171,7 +171,7 @@ def build_job(tree: Tree, cfg: Config, sub: Submission, submitted_by: str) -> Jo
         recipe=rec,
         recipe_hash=recipe_hash(rec),
         sources=[sources[r] for r in sorted(sources)],
-        output=Output(file=out_file, container=rec.encode.container, expect=expect),
+        output=Output(file=out_file, container=rec.encode.container, expect=expect, stated=sub.output.expect),
         tags=dict(sub.tags),
         priority=sub.priority,
         submitted_at=now(),

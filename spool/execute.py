@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import claim, recipe, render, retry, store
+from . import claim, intent, recipe, render, retry, store
 from .attempt import Attempt, Interruption, open_attempt, write_failure, write_result
 from .config import Config
 from .errors import LostOwnership
@@ -110,6 +110,7 @@ def execute(ctx: Context, job_id: str) -> str:
     ctx.journal.record(job_id, "running", from_="pending", attempt=attempt.n, reason="claimed")
     log.info("%s: attempt %d started", job_id, attempt.n)
     try:
+        _check_cancel(ctx, job, attempt)
         if job.operation == "noop":
             candidate, render_seconds = _noop(job, attempt), 0.0
         else:
@@ -117,6 +118,7 @@ def execute(ctx: Context, job_id: str) -> str:
             candidate, render_seconds = _render(ctx, job, attempt)
         report = check_candidate(ctx.cfg, job, candidate, attempt.dir / "validate.log")
         crashpoint("after_validation")
+        _check_cancel(ctx, job, attempt)  # a validated output is not published once cancelled
         if not report.ok:
             bad = report.failed()[0]
             raise _Failed(
@@ -203,7 +205,14 @@ def _render(ctx: Context, job: Job, attempt: Attempt) -> tuple[Path, float]:
             crashpoint("mid_render")  # FFmpeg has written part of the output
 
     try:
-        out = render.run(cmd, attempt, ctx.cfg.limits, stop=ctx.stop, on_progress=on_progress)
+        out = render.run(
+            cmd,
+            attempt,
+            ctx.cfg.limits,
+            stop=ctx.stop,
+            on_progress=on_progress,
+            cancelled=lambda: intent.cancel_requested(ctx.tree, job.job_id) is not None,
+        )
     except FileNotFoundError as exc:
         if exc.filename != cmd.argv[0]:
             raise
@@ -217,6 +226,8 @@ def _render(ctx: Context, job: Job, attempt: Attempt) -> tuple[Path, float]:
         ) from None
     if out.stopped == "interrupted":
         raise _Interrupted()
+    if out.stopped == "cancelled":
+        _check_cancel(ctx, job, attempt)
     if out.stopped == "timeout":
         raise _Failed(
             "render",
@@ -274,6 +285,16 @@ def _render(ctx: Context, job: Job, attempt: Attempt) -> tuple[Path, float]:
             "or spool retry if the cause was temporary.",
         )
     return attempt.work / job.output.file, out.seconds
+
+
+def _check_cancel(ctx: Context, job: Job, attempt: Attempt) -> None:
+    """An operator asked to cancel this job (``spool cancel``): stop here."""
+    req = intent.cancel_requested(ctx.tree, job.job_id)
+    if req is not None:
+        f = intent.cancelled_failure(job.job_id, attempt.n, ctx.worker, req.reason, "running")
+        raise _Failed(
+            "cancel", "cancelled", req.reason, expected=f.expected, actual=f.actual, next_action=f.next_action
+        )
 
 
 def _fence(ctx: Context, job_id: str, step: str) -> None:

@@ -33,7 +33,7 @@ from pathlib import Path
 from . import liveness, store
 from .model import Failure, Manifest, WorkerRecord, encode
 from .status import Location, attempt_numbers, locate_all, read, running_workers
-from .tree import Tree, fsync_dir, visible_names, write_atomic
+from .tree import FLAT_STATES, Tree, fsync_dir, visible_names, write_atomic
 
 
 @dataclass
@@ -59,7 +59,7 @@ def _rel(tree: Tree, p: Path) -> str:
 
 def all_job_ids(tree: Tree) -> set[str]:
     ids = set()
-    for state in ("pending", "complete", "failed"):
+    for state in FLAT_STATES:
         ids |= {n[:-5] for n in visible_names(tree.root / state)}
     for w in running_workers(tree):
         ids |= {n[:-5] for n in visible_names(tree.running_dir(w))}

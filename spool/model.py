@@ -26,7 +26,7 @@ JOB_ID_RE = re.compile(r"^(?P<name>[a-z0-9][a-z0-9._-]{0,95})@(?P<rev>[1-9][0-9]
 #: Version of the on-disk job format; bumped only for incompatible changes.
 FORMAT = 1
 
-State = Literal["pending", "running", "complete", "failed"]
+State = Literal["pending", "held", "running", "complete", "failed"]
 
 
 def now() -> datetime:
@@ -112,6 +112,9 @@ class Output(Record, kw_only=True):
     file: str
     container: str
     expect: Expect
+    #: What the submitter stated (the rest of ``expect`` came from the recipe):
+    #: a revision keeps these and re-derives the others from its new recipe.
+    stated: Expect = msgspec.field(default_factory=Expect)
 
 
 class Job(Record, kw_only=True):

@@ -31,7 +31,7 @@ from typing import Any
 
 import msgspec
 
-from . import eventlog, liveness, thumbs
+from . import eventlog, intent, liveness, thumbs
 from .config import Config
 from .model import AttemptRecord, Failure, Manifest, Progress, Rejection, WorkerRecord
 from .status import attempt_numbers, read, running_workers, show
@@ -102,6 +102,7 @@ def scan_queue(tree: Tree, now: float, keep: int = 10) -> QueueScan:
     """Counts (names only) and ages (one stat per waiting job) of the whole queue."""
     incoming = _scan(tree.incoming, stat=True)
     pending = _scan(tree.pending, stat=True)
+    held = _scan(tree.held, stat=False)
     complete = _scan(tree.complete, stat=False)
     failed = _scan(tree.failed, stat=True, keep=keep)
     rejected = _scan(tree.rejected, stat=False, skip=".error.json")
@@ -124,6 +125,7 @@ def scan_queue(tree: Tree, now: float, keep: int = 10) -> QueueScan:
     counts = {
         "incoming": incoming.count,
         "pending": pending.count,
+        "held": held.count,
         "running": len(running),
         "complete": complete.count,
         "failed": failed.count,
@@ -403,24 +405,14 @@ def overview(tree: Tree, cfg: Config, *, limit: int = 10, recent: int = 0) -> di
     }
 
 
-def approvals(tree: Tree, job_id: str) -> list[dict[str, Any]]:
-    """Approval records of a job, if any (``approvals/<job>/*.json`` or
-    ``approvals/<job>.json``). Approval is a separate, later feature; this
-    reads whatever JSON objects are there and shows them as they are."""
-    folder = tree.root / "approvals"
-    paths = [folder / f"{job_id}.json"]
-    try:
-        paths += sorted(p for p in (folder / job_id).iterdir() if p.suffix == ".json" and is_visible(p.name))
-    except (FileNotFoundError, NotADirectoryError):
-        pass
+def approvals(tree: Tree, job_id: str, current_sha256: str | None = None) -> list[dict[str, Any]]:
+    """Approval records of a job (``approvals/<job>/``), each marked ``current``
+    when it approves the output the manifest names now."""
     out = []
-    for p in paths:
-        try:
-            value = msgspec.json.decode(p.read_bytes())
-        except (OSError, msgspec.DecodeError):
-            continue
-        if isinstance(value, dict):
-            out.append(value)
+    for a in intent.approvals(tree, job_id):
+        row = msgspec.to_builtins(a)
+        row["current"] = a.sha256 == current_sha256
+        out.append(row)
     return out
 
 
@@ -433,6 +425,6 @@ def job_detail(tree: Tree, job_id: str) -> dict[str, Any] | None:
         return None
     m: Manifest | None = info["manifest"]
     info["timeline"] = eventlog.history(tree, job_id)
-    info["approvals"] = approvals(tree, job_id)
+    info["approvals"] = approvals(tree, job_id, m.output.sha256 if m else None)
     info["thumbnail"] = thumbs.url(tree, m.output.sha256) if m else None
     return info

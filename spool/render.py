@@ -44,7 +44,7 @@ PROGRESS_EVERY = 0.5
 class RenderOutcome:
     returncode: int | None
     seconds: float
-    stopped: str | None  # "timeout", "interrupted" or None
+    stopped: str | None  # "timeout", "interrupted", "cancelled" or None
     log_tail: list[str]
 
     @property
@@ -117,8 +117,10 @@ def run(
     *,
     stop: threading.Event | None = None,
     on_progress: Callable[[Progress], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
 ) -> RenderOutcome:
-    """Run FFmpeg to completion, a timeout, or ``stop`` being set."""
+    """Run FFmpeg to completion, a timeout, ``stop`` being set, or ``cancelled()``
+    turning true (checked twice a second)."""
     for name, data in cmd.files.items():
         (attempt.work / name).write_bytes(data)
     started = time.monotonic()
@@ -144,14 +146,21 @@ def run(
         buf = b""
         block: dict[str, str] = {}
         last_write = 0.0
+        next_cancel_check = 0.0
         try:
             while True:
                 if stop is not None and stop.is_set():
                     stopped = "interrupted"
                     break
-                if time.monotonic() > deadline:
+                now_t = time.monotonic()
+                if now_t > deadline:
                     stopped = "timeout"
                     break
+                if cancelled is not None and now_t >= next_cancel_check:
+                    next_cancel_check = now_t + 0.5
+                    if cancelled():
+                        stopped = "cancelled"
+                        break
                 if not sel.select(timeout=0.2):
                     if proc.poll() is not None:
                         break

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from .model import AttemptRecord, Failure, Job, Manifest, Progress, Rejection, WorkerRecord, decode
-from .tree import STATES, Tree, visible_names
+from .tree import FLAT_STATES, Tree, visible_names
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ def running_workers(tree: Tree) -> list[str]:
 
 def locate(tree: Tree, job_id: str) -> Location | None:
     """The state folder holding ``job_id``, or ``None``. A few stats, no parsing."""
-    for state in ("pending", "complete", "failed"):
+    for state in FLAT_STATES:
         p = tree.job_file(state, job_id)
         if p.exists():
             return Location(state, p)
@@ -49,11 +49,7 @@ def locate(tree: Tree, job_id: str) -> Location | None:
 
 def locate_all(tree: Tree, job_id: str) -> list[Location]:
     """Every state folder holding ``job_id``: more than one breaks invariant 1."""
-    found = [
-        Location(s, tree.job_file(s, job_id))
-        for s in ("pending", "complete", "failed")
-        if tree.job_file(s, job_id).exists()
-    ]
+    found = [Location(s, tree.job_file(s, job_id)) for s in FLAT_STATES if tree.job_file(s, job_id).exists()]
     for w in running_workers(tree):
         p = tree.job_file("running", job_id, w)
         if p.exists():
@@ -76,11 +72,12 @@ def count(folder: Path, skip_suffix: str | None = None) -> int:
 
 def counts(tree: Tree) -> dict[str, int]:
     """Jobs per state (and rejections), by directory scans only."""
-    out = {s: count(tree.root / s) for s in STATES if s != "running"}
+    out = {s: count(tree.root / s) for s in FLAT_STATES}
     out["running"] = sum(count(tree.running_dir(w)) for w in running_workers(tree))
     out["rejected"] = count(tree.rejected, skip_suffix=".error.json")
     out["incoming"] = count(tree.incoming)
-    return {k: out[k] for k in ("incoming", "pending", "running", "complete", "failed", "rejected")}
+    keys = ("incoming", "pending", "held", "running", "complete", "failed", "rejected")
+    return {k: out[k] for k in keys}
 
 
 def read(path: Path, typ: type[Any]) -> Any:

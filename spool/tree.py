@@ -27,13 +27,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-#: The queue states that are folders of job files.
-STATES = ("pending", "running", "complete", "failed")
+#: The queue states that are folders of job files (``held`` is pending, set aside
+#: by an operator; ``running`` holds one folder per worker).
+STATES = ("pending", "held", "running", "complete", "failed")
+#: The states whose job files sit directly in ``SPOOL/<state>/``.
+FLAT_STATES = ("pending", "held", "complete", "failed")
 
 #: Every top-level folder of a spool, in the order ``spool init`` creates them.
 FOLDERS = (
     "incoming",
     "pending",
+    "held",
     "running",
     "complete",
     "failed",
@@ -43,6 +47,7 @@ FOLDERS = (
     "manifests",
     "workers",
     "events",
+    "approvals",
 )
 
 #: Errors that mean "this name is not (or no longer) there" on some filesystem.
@@ -242,6 +247,14 @@ class Tree:
     @property
     def attempts(self) -> Path:
         return self.root / "attempts"
+
+    @property
+    def held(self) -> Path:
+        return self.root / "held"
+
+    @property
+    def approvals(self) -> Path:
+        return self.root / "approvals"
 
     @property
     def store(self) -> Path:

@@ -224,7 +224,7 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, interval: floa
 def state_files(tree: Tree) -> dict[str, list[str]]:
     """Every job file by state, straight from the folders (an independent view)."""
     out: dict[str, list[str]] = {}
-    for state in ("pending", "complete", "failed"):
+    for state in ("pending", "complete", "failed"):  # held/ only where a test puts jobs there
         out[state] = sorted(p.name for p in (tree.root / state).glob("*.json"))
     out["running"] = sorted(p.name for p in tree.running.glob("*/*.json"))
     return out

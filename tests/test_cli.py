@@ -24,6 +24,7 @@ def test_status_json_counts_every_state(tree, assets, daemons):
     assert report["counts"] == {
         "incoming": 0,
         "pending": 1,
+        "held": 0,
         "running": 0,
         "complete": 1,
         "failed": 1,

@@ -151,13 +151,14 @@ def test_show_tells_the_story_of_a_job(tree, assets, daemons):
     assert "expected 7, got 240" in human and "next: " in human
     assert human.rstrip().endswith("Approvals\n  none")
 
-    # Approvals are a later feature: whatever record appears under approvals/ is shown as it is.
-    (tree.root / "approvals" / jid).mkdir(parents=True)
-    write_json(tree.root / "approvals" / jid / "a.json", {"by": "dana", "sha256": "ab12"})
-    assert json.loads(run_cli("show", jid, "--json", spool=tree).stdout)["approvals"] == [
-        {"by": "dana", "sha256": "ab12"}
-    ]
-    assert "by=dana, sha256=ab12" in run_cli("show", jid, spool=tree).stdout
+    # An approval record (of some earlier output) is shown, marked as not the current one.
+    (tree.root / "approvals" / jid).mkdir(parents=True, exist_ok=True)
+    write_json(tree.root / "approvals" / jid / f"{'ab' * 32}.dana.json",
+               {"job_id": jid, "sha256": "ab" * 32, "store_path": "store/x", "by": "dana", "note": "",
+                "at": "2026-11-29T20:00:00Z"})  # fmt: skip
+    [a] = json.loads(run_cli("show", jid, "--json", spool=tree).stdout)["approvals"]
+    assert a["by"] == "dana" and a["current"] is False
+    assert "dana at " in run_cli("show", jid, spool=tree).stdout
 
 
 def test_show_stays_quick_with_a_large_journal(tree, assets):

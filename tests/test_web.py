@@ -120,6 +120,7 @@ def test_api_status_has_what_the_page_shows(server):
     assert d["counts"] == {
         "incoming": 0,
         "pending": 1,
+        "held": 0,
         "running": 0,
         "complete": 2,
         "failed": 1,

@@ -20,7 +20,7 @@ import stat
 import sys
 from pathlib import Path
 
-STATES = ("pending", "complete", "failed")
+STATES = ("pending", "held", "complete", "failed")
 
 
 def _sha256(path: Path) -> str:

@@ -15,7 +15,7 @@ import sys
 import typer
 
 from ..errors import SpoolError
-from . import observe, queue, repair  # noqa: F401  (importing registers the commands)
+from . import intent, observe, queue, repair  # noqa: F401  (importing registers the commands)
 from .common import app
 
 __all__ = ["app", "main"]

@@ -81,7 +81,7 @@ def ls_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """List job IDs (with their state and, when running, their worker)."""
-    states = ["pending", "running", "complete", "failed", "rejected"]
+    states = ["pending", "held", "running", "complete", "failed", "rejected"]
     try:
         tree = open_tree(spool)
         if state is not None and state not in states:

@@ -226,5 +226,7 @@ def show_view(info: dict[str, Any]) -> Group:
     if not info["approvals"]:
         parts.append(Text("  none", style="dim"))
     for a in info["approvals"]:
-        parts.append(Text("  " + ", ".join(f"{k}={v}" for k, v in a.items())))
+        said = f"  {a['by']} at {a['at']}: sha256 {a['sha256'][:16]}"
+        said += "" if a["current"] else " (an earlier output, not the current one)"
+        parts.append(Text(said + (f": {a['note']}" if a["note"] else "")))
     return Group(*parts)

@@ -1,0 +1,141 @@
+"""Commands that change what should happen: retry, revise, cancel, approve, hold, release."""
+
+from __future__ import annotations
+
+import getpass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .. import config, intent
+from ..config import Config
+from ..decoding import parse_json
+from ..errors import InvalidInput, SpoolError
+from ..events import Journal, cli_writer
+from ..tree import Tree
+from .common import JsonOpt, SpoolOpt, app, fail, open_tree, print_json
+
+JobArg = Annotated[str, typer.Argument(help="Job ID (name@revision).")]
+ByOpt = Annotated[str | None, typer.Option("--by", help="Who does this (default: your user name).")]
+
+
+def _journal(spool: Path | None, as_json: bool) -> tuple[Tree, Config, Journal]:
+    try:
+        tree = open_tree(spool)
+        return tree, config.load(tree.config_file), Journal(tree, cli_writer())
+    except SpoolError as exc:
+        raise fail(exc, as_json) from None
+
+
+@app.command("retry")
+def retry_cmd(job: JobArg, by: ByOpt = None, spool: SpoolOpt = None, as_json: JsonOpt = False) -> None:
+    """Send a failed job back to pending: same job file and recipe, a new attempt."""
+    tree, _, journal = _journal(spool, as_json)
+    try:
+        intent.retry_job(tree, job, by or getpass.getuser(), journal)
+    except SpoolError as exc:
+        raise fail(exc, as_json) from None
+    print_json({"job_id": job, "state": "pending"}) if as_json else typer.echo(f"{job}: pending (retry)")
+
+
+@app.command()
+def revise(
+    job: JobArg,
+    recipe: Annotated[Path, typer.Option("--recipe", help="JSON file with the new recipe.")],
+    source: Annotated[list[str] | None, typer.Option("--source", help="ROLE=PATH to add or replace.")] = None,
+    by: ByOpt = None,
+    spool: SpoolOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """A new editorial choice: a new revision name@N+1 that supersedes JOB (which stays as it was)."""
+    tree, cfg, journal = _journal(spool, as_json)
+    try:
+        try:
+            value = parse_json(recipe.read_bytes(), "--recipe")
+        except OSError as exc:
+            raise InvalidInput("--recipe", f"{recipe} cannot be read ({exc.strerror})") from None
+        if isinstance(value, dict) and "recipe" in value:
+            value = value["recipe"]  # a whole submission file works too
+        extra = {}
+        for item in source or []:
+            role, sep, path = item.partition("=")
+            if not sep or not role or not path:
+                raise InvalidInput("--source", f"{item!r} is not ROLE=PATH")
+            extra[role] = path
+        new = intent.revise(tree, cfg, job, value, by or getpass.getuser(), journal, extra)
+    except SpoolError as exc:
+        raise fail(exc, as_json) from None
+    if as_json:
+        print_json({"job_id": new.job_id, "supersedes": job})
+    else:
+        typer.echo(new.job_id)
+
+
+@app.command()
+def cancel(
+    job: JobArg,
+    wait: Annotated[
+        float, typer.Option(help="Seconds to wait for a running job's worker to stop it.")
+    ] = 30.0,
+    by: ByOpt = None,
+    spool: SpoolOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Cancel a pending, held or running job (a running render is stopped and recorded)."""
+    tree, _, journal = _journal(spool, as_json)
+    try:
+        state = intent.cancel(tree, job, by or getpass.getuser(), journal, wait=wait)
+    except SpoolError as exc:
+        raise fail(exc, as_json) from None
+    if as_json:
+        print_json({"job_id": job, "state": state})
+    elif state == "failed":
+        typer.echo(f"{job}: cancelled")
+    else:
+        typer.echo(f"{job}: too late to cancel, it is {state}")
+
+
+@app.command()
+def approve(
+    job: JobArg,
+    by: Annotated[str, typer.Option("--by", help="Who approves.")],
+    note: Annotated[str, typer.Option(help="A note kept with the approval.")] = "",
+    sha256: Annotated[
+        str | None, typer.Option(help="The output hash you reviewed (refused if it changed).")
+    ] = None,
+    spool: SpoolOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Record an approval of a complete job's output, keyed by job and output hash."""
+    try:
+        tree = open_tree(spool)
+        rec, new = intent.approve(tree, job, by, note, sha256)
+    except SpoolError as exc:
+        raise fail(exc, as_json) from None
+    if as_json:
+        print_json({"approval": rec, "new": new})
+    else:
+        typer.echo(f"{job}: approved by {rec.by} (sha256 {rec.sha256[:16]})" + ("" if new else ", already"))
+
+
+@app.command()
+def hold(job: JobArg, by: ByOpt = None, spool: SpoolOpt = None, as_json: JsonOpt = False) -> None:
+    """Set a pending job aside in held/ (no worker claims it) until released."""
+    tree, _, journal = _journal(spool, as_json)
+    try:
+        intent.hold(tree, job, by or getpass.getuser(), journal)
+    except SpoolError as exc:
+        raise fail(exc, as_json) from None
+    print_json({"job_id": job, "state": "held"}) if as_json else typer.echo(f"{job}: held")
+
+
+@app.command()
+def release(job: JobArg, by: ByOpt = None, spool: SpoolOpt = None, as_json: JsonOpt = False) -> None:
+    """Return a held job to pending."""
+    tree, _, journal = _journal(spool, as_json)
+    try:
+        intent.release(tree, job, by or getpass.getuser(), journal)
+    except SpoolError as exc:
+        raise fail(exc, as_json) from None
+    print_json({"job_id": job, "state": "pending"}) if as_json else typer.echo(f"{job}: pending (released)")

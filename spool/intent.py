@@ -1,0 +1,251 @@
+"""Intent: what an operator decides, kept apart from what recovery does.
+
+Recovery and technical retries never change what a job is. These do, and
+each one is an explicit, journaled act:
+
+* ``retry``: a failed job goes back to pending, same job file, same recipe;
+  the next claim opens a new attempt;
+* ``revise``: a new editorial choice is a new job, ``name@N+1``, with
+  ``supersedes`` pointing back; the old job stays as it was;
+* ``cancel``: a pending or held job fails at once; a running one is asked
+  to stop (``attempts/J/cancel.json``), and its worker records the attempt
+  and fails the job with reason cancelled;
+* ``approve``: a separate record, ``approvals/J/<sha256>.<by>.json``, keyed
+  by the job and the output hash someone reviewed; it never edits a job;
+* ``hold`` / ``release``: set a pending job aside in ``held/`` and back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from . import accept, claim, recipe, retry
+from .attempt import open_attempt, write_failure
+from .config import Config
+from .decoding import convert
+from .errors import InvalidInput, NotFound, NotReady
+from .events import Journal
+from .model import Failure, Job, Manifest, Record, decode, encode, now
+from .status import load_job, locate, read
+from .tree import HOST, Tree, make_dirs, rename_durable, write_atomic
+
+#: The worker name under which a command briefly holds a job it is cancelling.
+CANCELLER = f"{HOST}-cancel"
+_USER = re.compile(r"^[A-Za-z0-9._@+-]{1,64}$")
+
+
+class CancelRequest(Record, kw_only=True):
+    """``attempts/J/cancel.json``: stop this job; its worker acts on it."""
+
+    job_id: str
+    by: str
+    reason: str
+    at: datetime
+
+
+class Approval(Record, kw_only=True):
+    """``approvals/J/<sha256>.<by>.json``: someone approved this exact output."""
+
+    job_id: str
+    sha256: str
+    store_path: str
+    by: str
+    note: str = ""
+    at: datetime
+
+
+def _require(tree: Tree, job_id: str, *states: str) -> Any:
+    loc = locate(tree, job_id)
+    if loc is None:
+        raise NotFound(f"no job {job_id} in {tree.root}")
+    if loc.state not in states:
+        raise InvalidInput(job_id, f"is {loc.state}; this needs a job that is {' or '.join(states)}")
+    return loc
+
+
+def retry_job(tree: Tree, job_id: str, by: str, journal: Journal) -> None:
+    """failed -> pending: same job file and recipe, a new attempt at the next claim."""
+    _require(tree, job_id, "failed")
+    retry.mark_operator_retry(tree, job_id, by)
+    clear_cancel(tree, job_id)
+    rename_durable(tree.job_file("failed", job_id), tree.job_file("pending", job_id))
+    journal.record(job_id, "pending", from_="failed", reason=f"retry by {by}")
+
+
+def hold(tree: Tree, job_id: str, by: str, journal: Journal) -> None:
+    _require(tree, job_id, "pending")
+    make_dirs(tree.held)
+    try:
+        rename_durable(tree.job_file("pending", job_id), tree.job_file("held", job_id))
+    except FileNotFoundError:
+        raise NotReady(f"{job_id} was claimed a moment ago; cancel it instead") from None
+    journal.record(job_id, "held", from_="pending", reason=f"held by {by}")
+
+
+def release(tree: Tree, job_id: str, by: str, journal: Journal) -> None:
+    _require(tree, job_id, "held")
+    rename_durable(tree.job_file("held", job_id), tree.job_file("pending", job_id))
+    journal.record(job_id, "pending", from_="held", reason=f"released by {by}")
+
+
+def revise(
+    tree: Tree,
+    cfg: Config,
+    job_id: str,
+    new_recipe: dict[str, Any],
+    by: str,
+    journal: Journal,
+    sources: dict[str, str] | None = None,
+) -> Job:
+    """A new revision with the new recipe; sources, tags, output name, stated
+    expectations and priority carry over (``sources`` adds or replaces roles).
+    It goes through acceptance like any submission."""
+    found = load_job(tree, job_id)
+    if found is None:
+        raise NotFound(f"no job {job_id} in {tree.root}")
+    old, _ = found
+    srcs = {s.role: s.path for s in old.sources}
+    srcs.update(sources or {})
+    parsed = convert(new_recipe, recipe.Recipe, prefix="recipe")
+    srcs = {r: p for r, p in srcs.items() if r in parsed.roles()}  # drop what it no longer uses
+    rev = old.revision + 1
+    while tree.job_attempts(f"{old.name}@{rev}").exists():
+        rev += 1
+    stem = Path(old.output.file).stem
+    sub: dict[str, Any] = {
+        "name": old.name,
+        "revision": rev,
+        "supersedes": job_id,
+        "sources": srcs,
+        "recipe": new_recipe,
+        "output": {"expect": msgspec.to_builtins(old.output.stated)},
+        "tags": old.tags,
+        "priority": old.priority,
+        "submitted_by": by,
+    }
+    sub["output"]["file"] = f"{stem}{recipe.extension(parsed)}"
+    data = json.dumps(sub).encode()
+    job = accept.accept_bytes(tree, cfg, data, by)
+    journal.record(job.job_id, "pending", from_="revise", reason=f"revision of {job_id} by {by}")
+    return job
+
+
+def approve(
+    tree: Tree, job_id: str, by: str, note: str = "", sha256: str | None = None
+) -> tuple[Approval, bool]:
+    """Record an approval of the job's current output; returns (record, newly written)."""
+    _require(tree, job_id, "complete")
+    m = read(tree.manifest_file(job_id), Manifest)
+    if m is None:
+        raise NotReady(f"{job_id} is complete but its manifest is missing; run spool fsck")
+    if sha256 is not None and sha256 != m.output.sha256:
+        raise InvalidInput(
+            "--sha256",
+            f"{job_id}'s output is now sha256 {m.output.sha256}, not the {sha256} you reviewed; "
+            "review it again",
+        )
+    if not _USER.match(by):
+        raise InvalidInput("--by", "must be a user name (letters, digits, . _ @ + -)")
+    folder = tree.approvals / job_id
+    make_dirs(folder)
+    rec = Approval(
+        job_id=job_id, sha256=m.output.sha256, store_path=m.output.store_path, by=by, note=note, at=now()
+    )
+    path = folder / f"{m.output.sha256}.{by}.json"
+    try:
+        write_atomic(path, encode(rec), mode=0o444, replace=False)
+    except FileExistsError:
+        return decode(path.read_bytes(), Approval), False
+    return rec, True
+
+
+def approvals(tree: Tree, job_id: str) -> list[Approval]:
+    folder = tree.approvals / job_id
+    out = []
+    for p in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        a = read(p, Approval)
+        if a is not None:
+            out.append(a)
+    return out
+
+
+def cancel(
+    tree: Tree, job_id: str, by: str, journal: Journal, *, wait: float = 30.0, reason: str = ""
+) -> str:
+    """Cancel a pending, held or running job. Returns the state the job ended in:
+    ``failed`` (cancelled), or ``complete`` if a render finished before its
+    worker saw the request."""
+    loc = _require(tree, job_id, "pending", "held", "running")
+    why = reason or f"cancelled by {by}"
+    if loc.state in ("pending", "held"):
+        # Take it the way a worker would, so a claim racing us cannot also win.
+        src, dst = tree.job_file(loc.state, job_id), tree.job_file("running", job_id, CANCELLER)
+        make_dirs(dst.parent)
+        try:
+            rename_durable(src, dst)
+        except FileNotFoundError:
+            raise NotReady(f"{job_id} was claimed a moment ago; run spool cancel again") from None
+        att = open_attempt(tree, job_id, CANCELLER, reason="cancel")
+        write_failure(att, cancelled_failure(job_id, att.n, CANCELLER, why, loc.state))
+        claim.move(tree, CANCELLER, job_id, "failed")
+        journal.record(
+            job_id, "failed", from_=loc.state, attempt=att.n, reason=why, stage="cancel", property="cancelled"
+        )
+        return "failed"
+    request_cancel(tree, job_id, by, why)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        now_loc = locate(tree, job_id)
+        if now_loc is not None and now_loc.state != "running":
+            clear_cancel(tree, job_id)
+            return now_loc.state
+        time.sleep(0.2)
+    raise NotReady(
+        f"{job_id} was asked to stop, but its worker {loc.worker} has not acted within {wait:g} s; "
+        f"it will when it can (if the worker is dead: spool recover --worker {loc.worker}, then cancel again)"
+    )
+
+
+def request_cancel(tree: Tree, job_id: str, by: str, reason: str) -> Path:
+    path = tree.job_attempts(job_id) / "cancel.json"
+    write_atomic(path, encode(CancelRequest(job_id=job_id, by=by, reason=reason, at=now())))
+    return path
+
+
+def clear_cancel(tree: Tree, job_id: str) -> None:
+    try:
+        os.unlink(tree.job_attempts(job_id) / "cancel.json")
+    except FileNotFoundError:
+        pass
+
+
+def cancel_requested(tree: Tree, job_id: str) -> CancelRequest | None:
+    """The cancel request for a job, if any (one stat when there is none)."""
+    path = tree.job_attempts(job_id) / "cancel.json"
+    if not path.exists():
+        return None
+    req: CancelRequest | None = read(path, CancelRequest)
+    return req
+
+
+def cancelled_failure(job_id: str, attempt: int, worker: str, why: str, state: str) -> Failure:
+    return Failure(
+        job_id=job_id,
+        attempt=attempt,
+        stage="cancel",
+        property="cancelled",
+        expected=f"the job to run ({state} when cancelled)",
+        actual="cancelled",
+        message=why,
+        next_action="Nothing, if the cancellation was meant; otherwise spool retry the job.",
+        worker=worker,
+        failed_at=now(),
+    )
