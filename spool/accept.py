@@ -50,6 +50,7 @@ from .model import (
     job_id,
     now,
 )
+from .secrets import redact
 from .status import load_job, locate, read
 from .store import sha256_file
 from .tree import Tree, fsync_dir, is_visible, rename_durable, write_atomic
@@ -390,7 +391,7 @@ def reject(
     stem = _free_stem(tree, _stem(original_name), original_name)
     dest = tree.rejected / f"{stem}.json"
     rec = Rejection(
-        file=original_name, field=error.field, reason=str(error), rejected_at=now(), rejected_by=by
+        file=original_name, field=error.field, reason=redact(str(error)), rejected_at=now(), rejected_by=by
     )
     write_atomic(tree.rejected / f"{stem}.error.json", encode(rec))
     if move_from is not None:

@@ -132,6 +132,13 @@ class Observe(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     thumbnail_width: Annotated[int, msgspec.Meta(ge=0, le=1920)] = 320
 
 
+class Secrets(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    #: Environment variables whose values are secrets, besides *TOKEN*, *SECRET*, ...
+    env: list[str] = []
+    #: Files holding secrets (provider tokens), kept outside the spool.
+    files: list[str] = []
+
+
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     assets: Assets = msgspec.field(default_factory=Assets)
     limits: Limits = msgspec.field(default_factory=Limits)
@@ -139,6 +146,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     validation: Validation = msgspec.field(default_factory=Validation)
     daemon: Daemon = msgspec.field(default_factory=Daemon)
     recovery: Recovery = msgspec.field(default_factory=Recovery)
+    secrets: Secrets = msgspec.field(default_factory=Secrets)
     render: Render = msgspec.field(default_factory=Render)
     observe: Observe = msgspec.field(default_factory=Observe)
 
@@ -225,6 +233,13 @@ auto_recover = false       # take over suspect workers' jobs automatically (else
 backoff = 10.0             # technical retries wait backoff * 2^(k-1) seconds...
 backoff_max = 600.0        # ...at most this long
 work_retention = 604800.0  # spool gc keeps finished attempts' work/ folders this many seconds
+
+[secrets]
+# Values that must never reach logs, events, failure records or spool show.
+# Environment variables named like *TOKEN*, *SECRET*, *PASSWORD*, *API_KEY* are
+# always included; name others here, and token files kept outside the spool.
+env = []
+files = []
 
 [render]
 ffmpeg = "ffmpeg"

@@ -27,6 +27,7 @@ from typing import Any
 import msgspec
 
 from .model import Event, decode, encode_line, now
+from .secrets import redact
 from .tree import HOST, Tree
 
 log = logging.getLogger("spool.events")
@@ -66,7 +67,7 @@ class Journal:
                 from_=from_,
                 attempt=attempt,
                 worker=worker or self.writer,
-                reason=reason,
+                reason=redact(reason) if reason else reason,
                 **facts,
             )
             line = encode_line(ev)

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from . import claim, intent, recipe, render, retry, store
 from .attempt import Attempt, Interruption, open_attempt, write_failure, write_result
 from .config import Config
@@ -49,6 +51,7 @@ from .model import (
     encode,
     now,
 )
+from .secrets import redact
 from .status import read
 from .tree import Tree, write_atomic
 from .validate import validate
@@ -391,6 +394,22 @@ def _install_manifest(tree: Tree, manifest: Manifest) -> Manifest:
     )
 
 
+def scrub(f: Failure) -> Failure:
+    """A failure record with secrets masked in every text it carries."""
+
+    def clean(v: Any) -> Any:
+        return redact(v) if isinstance(v, str) else v
+
+    return msgspec.structs.replace(
+        f,
+        message=redact(f.message),
+        expected=clean(f.expected),
+        actual=clean(f.actual),
+        log_excerpt=[redact(line) for line in f.log_excerpt],
+        next_action=redact(f.next_action),
+    )
+
+
 def _drop_partial(attempt: Attempt, job: Job) -> None:
     """On a full disk, free what this attempt wrote: a partial output is of no use
     to anyone, and the failure record still has to fit."""
@@ -424,7 +443,9 @@ def _os_failure(exc: OSError, attempt: Attempt, job: Job) -> _Failed:
 
 def _fail(ctx: Context, job: Job, attempt: Attempt, f: _Failed) -> str:
     """Record the failure in the attempt, then move the job to ``failed/``."""
-    failure = Failure(job_id=job.job_id, attempt=attempt.n, worker=ctx.worker, failed_at=now(), **f.fields)
+    failure = scrub(
+        Failure(job_id=job.job_id, attempt=attempt.n, worker=ctx.worker, failed_at=now(), **f.fields)
+    )
     write_failure(attempt, failure)
     if failure.retryable and retry.may_retry(ctx.tree, job.job_id, ctx.cfg.limits.max_attempts):
         what = f"{failure.stage}: {failure.property}"

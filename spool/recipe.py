@@ -597,4 +597,8 @@ def _encode_options(enc: Encode, has_audio: bool, render: Render) -> dict[str, o
     if enc.container in ("mp4", "mov") and enc.faststart:
         opts["movflags"] = "+faststart"
     opts["f"] = enc.container
+    # Deliverables carry none of the sources' metadata or chapters: a source's
+    # tags (titles, comments, locations, tokens) are not the ad's to publish.
+    opts["map_metadata"] = -1
+    opts["map_chapters"] = -1
     return opts

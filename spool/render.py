@@ -28,6 +28,7 @@ from .attempt import Attempt
 from .config import Limits
 from .model import Progress, now
 from .recipe import Command
+from .secrets import child_env, redact_bytes
 
 _PR_SET_PDEATHSIG = 1
 _prctl: Callable[..., int] | None
@@ -120,35 +121,42 @@ def run(
     cancelled: Callable[[], bool] | None = None,
 ) -> RenderOutcome:
     """Run FFmpeg to completion, a timeout, ``stop`` being set, or ``cancelled()``
-    turning true (checked twice a second)."""
+    turning true (checked twice a second).
+
+    FFmpeg's stderr reaches ``ffmpeg.log`` line by line through
+    :func:`spool.secrets.redact` (it echoes input metadata, which may carry
+    anything); its ``-progress`` stream on stdout becomes ``progress.json``.
+    """
     for name, data in cmd.files.items():
         (attempt.work / name).write_bytes(data)
     started = time.monotonic()
     deadline = started + limits.job_timeout
     stopped: str | None = None
     with open(attempt.log, "ab") as log:
-        log.write(f"$ {shlex.join(cmd.argv)}\n".encode())
+        log.write(redact_bytes(f"$ {shlex.join(cmd.argv)}\n".encode()))
         log.flush()
         proc = subprocess.Popen(
             cmd.argv,
             cwd=attempt.work,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
-            stderr=log,
+            stderr=subprocess.PIPE,
             process_group=0,
+            env=child_env(),
             preexec_fn=_child_setup(
                 limits.nice, limits.ionice, limits.memory_bytes, limits.output_size_bytes
             ),
         )
-        assert proc.stdout is not None
+        assert proc.stdout is not None and proc.stderr is not None
         sel = selectors.DefaultSelector()
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        buf = b""
+        sel.register(proc.stdout, selectors.EVENT_READ, "progress")
+        sel.register(proc.stderr, selectors.EVENT_READ, "log")
+        bufs = {"progress": b"", "log": b""}
         block: dict[str, str] = {}
         last_write = 0.0
         next_cancel_check = 0.0
         try:
-            while True:
+            while sel.get_map():
                 if stop is not None and stop.is_set():
                     stopped = "interrupted"
                     break
@@ -161,34 +169,39 @@ def run(
                     if cancelled():
                         stopped = "cancelled"
                         break
-                if not sel.select(timeout=0.2):
-                    if proc.poll() is not None:
-                        break
-                    continue
-                chunk = os.read(proc.stdout.fileno(), 65536)
-                if not chunk:
-                    break
-                buf += chunk
-                *lines, buf = buf.split(b"\n")
-                for raw in lines:
-                    key, _, value = raw.decode("utf-8", "replace").partition("=")
-                    block[key.strip()] = value.strip()
-                    if key.strip() != "progress":
+                for key, _ in sel.select(timeout=0.2):
+                    stream = key.data
+                    chunk = os.read(key.fd, 65536)
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                        chunk = b"\n" if bufs[stream] else b""  # flush a last unterminated line
+                    bufs[stream] += chunk
+                    *lines, bufs[stream] = bufs[stream].split(b"\n")
+                    if stream == "log":
+                        if lines:
+                            log.write(redact_bytes(b"\n".join(lines) + b"\n"))
+                            log.flush()
                         continue
-                    prog = parse_progress(block, cmd.duration, started)
-                    block = {}
-                    t = time.monotonic()
-                    if prog.done or t - last_write >= PROGRESS_EVERY:
-                        attempt.record("progress.json", prog, durable=False)
-                        last_write = t
-                    if on_progress is not None:
-                        on_progress(prog)
+                    for raw in lines:
+                        name, _, value = raw.decode("utf-8", "replace").partition("=")
+                        block[name.strip()] = value.strip()
+                        if name.strip() != "progress":
+                            continue
+                        prog = parse_progress(block, cmd.duration, started)
+                        block = {}
+                        t = time.monotonic()
+                        if prog.done or t - last_write >= PROGRESS_EVERY:
+                            attempt.record("progress.json", prog, durable=False)
+                            last_write = t
+                        if on_progress is not None:
+                            on_progress(prog)
         finally:
             sel.close()
             if stopped is not None or proc.poll() is None:
                 _kill(proc)
             proc.wait()
             proc.stdout.close()
+            proc.stderr.close()
         if stopped:
             log.write(f"\n[spool] render stopped: {stopped}\n".encode())
     return RenderOutcome(

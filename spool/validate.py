@@ -16,6 +16,7 @@ from typing import Any
 from . import probe
 from .config import Config
 from .model import Check, Expect, ValidationReport
+from .secrets import redact
 
 #: Container names as the job states them -> names ffprobe's format_name contains.
 CONTAINER_FORMATS = {"mp4": "mp4", "mov": "mov", "webm": "webm"}
@@ -136,7 +137,7 @@ def decode_check(path: Path, cfg: Config, duration: float | None, log: Path) -> 
             "-",
         ]
         proc = subprocess.run(argv, capture_output=True, stdin=subprocess.DEVNULL, timeout=3600)
-        text = proc.stderr.decode("utf-8", "replace").strip()
+        text = redact(proc.stderr.decode("utf-8", "replace").strip())
         with open(log, "ab") as f:
             f.write(f"[decode {' '.join(span) or 'full'}] exit {proc.returncode}\n{text}\n".encode())
         if proc.returncode != 0 or text:

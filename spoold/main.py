@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from spool import config
+from spool import config, secrets
 from spool.errors import SpoolError
 from spool.tree import Tree
 from spool.workers import worker_id
@@ -35,13 +35,16 @@ def run(
 ) -> None:
     """Claim, render, validate and publish jobs until stopped (or drained)."""
     # journald adds time, unit and (from a <N> prefix) priority; a terminal user wants the time.
-    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO), handlers=[log_handler()])
+    handler = log_handler()
+    handler.addFilter(secrets.RedactingFilter())
+    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO), handlers=[handler])
     logging.getLogger("watchdog").setLevel(logging.INFO)  # its debug output is one line per inotify event
     tree = Tree.at(spool)
     try:
         if not tree.is_spool():
             raise SpoolError(f"{spool} is not a spool (run: spool init {spool})")
         cfg = config.load(tree.config_file)
+        secrets.install_from(cfg.secrets.env, cfg.secrets.files)
         code = Daemon(tree, cfg, worker_id(worker), drain=drain).run()
     except SpoolError as exc:
         typer.echo(f"spoold: {exc}", err=True)

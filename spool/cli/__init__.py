@@ -11,9 +11,11 @@ on the shared ``app``.
 from __future__ import annotations
 
 import sys
+from typing import TextIO
 
 import typer
 
+from .. import secrets
 from ..errors import SpoolError
 from . import intent, observe, queue, repair  # noqa: F401  (importing registers the commands)
 from .common import app
@@ -21,7 +23,22 @@ from .common import app
 __all__ = ["app", "main"]
 
 
+class _RedactingStdout:
+    """stdout with secrets masked: ``spool show`` and friends print records and logs."""
+
+    def __init__(self, inner: TextIO) -> None:
+        self._inner = inner
+
+    def write(self, text: str) -> int:
+        return self._inner.write(secrets.redact(text))
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+
 def main() -> None:
+    secrets.install_from((), ())  # the environment's secrets; each command adds its config's
+    sys.stdout = _RedactingStdout(sys.stdout)
     try:
         app()
     except SpoolError as exc:  # anything a command did not catch itself

@@ -10,6 +10,8 @@ from typing import Annotated, Any
 import msgspec
 import typer
 
+from .. import config, secrets
+from ..config import Config
 from ..errors import InvalidInput, NotFound, SpoolError
 from ..tree import Tree
 
@@ -31,6 +33,13 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")
 
 
 # -- helpers -------------------------------------------------------------------------
+
+
+def load_config(tree: Tree) -> Config:
+    """The spool's config; its secrets are masked in everything printed from now on."""
+    cfg = config.load(tree.config_file)
+    secrets.install_from(cfg.secrets.env, cfg.secrets.files)
+    return cfg
 
 
 def open_tree(spool: Path | None) -> Tree:

@@ -8,13 +8,13 @@ from typing import Annotated
 
 import typer
 
-from .. import config, intent
+from .. import intent
 from ..config import Config
 from ..decoding import parse_json
 from ..errors import InvalidInput, SpoolError
 from ..events import Journal, cli_writer
 from ..tree import Tree
-from .common import JsonOpt, SpoolOpt, app, fail, open_tree, print_json
+from .common import JsonOpt, SpoolOpt, app, fail, load_config, open_tree, print_json
 
 JobArg = Annotated[str, typer.Argument(help="Job ID (name@revision).")]
 ByOpt = Annotated[str | None, typer.Option("--by", help="Who does this (default: your user name).")]
@@ -23,7 +23,7 @@ ByOpt = Annotated[str | None, typer.Option("--by", help="Who does this (default:
 def _journal(spool: Path | None, as_json: bool) -> tuple[Tree, Config, Journal]:
     try:
         tree = open_tree(spool)
-        return tree, config.load(tree.config_file), Journal(tree, cli_writer())
+        return tree, load_config(tree), Journal(tree, cli_writer())
     except SpoolError as exc:
         raise fail(exc, as_json) from None
 

@@ -17,18 +17,18 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from .. import config, eventlog, overview, status
+from .. import eventlog, overview, status
 from ..config import Config
 from ..errors import InvalidInput, NotFound, SpoolError
 from ..tree import Tree
 from . import views
-from .common import JsonOpt, SpoolOpt, app, fail, open_tree, print_json
+from .common import JsonOpt, SpoolOpt, app, fail, load_config, open_tree, print_json
 
 
 def _open(spool: SpoolOpt, as_json: bool) -> tuple[Tree, Config]:
     try:
         tree = open_tree(spool)
-        return tree, config.load(tree.config_file)
+        return tree, load_config(tree)
     except SpoolError as exc:
         raise fail(exc, as_json) from None
 

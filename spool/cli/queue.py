@@ -12,7 +12,7 @@ from .. import accept, config
 from ..errors import EXIT_INVALID, SpoolError
 from ..events import Journal, cli_writer
 from ..tree import Tree, write_atomic
-from .common import JsonOpt, SpoolOpt, app, fail, open_tree, print_json
+from .common import JsonOpt, SpoolOpt, app, fail, load_config, open_tree, print_json
 
 # -- commands --------------------------------------------------------------------------
 
@@ -35,7 +35,7 @@ def init(
         write_atomic(tree.config_file, config.template(roots).encode())
         wrote = True
     try:
-        config.load(tree.config_file)
+        load_config(tree)
     except SpoolError as exc:
         raise fail(exc, as_json) from None
     if as_json:
@@ -53,7 +53,7 @@ def submit(
     """Accept submissions (prints each job ID) or reject them (exit 2 with the reason)."""
     try:
         tree = open_tree(spool)
-        cfg = config.load(tree.config_file)
+        cfg = load_config(tree)
     except SpoolError as exc:
         raise fail(exc, as_json) from None
     journal = Journal(tree, cli_writer())

@@ -6,14 +6,14 @@ from typing import Annotated, Any
 
 import typer
 
-from .. import config, fsck, gc, recover, status, store
+from .. import fsck, gc, recover, status, store
 from ..errors import EXIT_ERROR, NotFound, SpoolError
 from ..events import Journal
 from ..execute import Context, check_candidate
 from ..model import Job, Manifest
 from ..tree import HOST
 from ..workers import Identity
-from .common import JsonOpt, SpoolOpt, app, fail, open_tree, print_json
+from .common import JsonOpt, SpoolOpt, app, fail, load_config, open_tree, print_json
 
 #: The identity ``spool recover`` acts under while it holds recovered jobs.
 RECOVERER = f"{HOST}-recover"
@@ -36,7 +36,7 @@ def recover_cmd(
 
     try:
         tree = open_tree(spool)
-        cfg = config.load(tree.config_file)
+        cfg = load_config(tree)
     except SpoolError as exc:
         raise fail(exc, as_json) from None
     ident = Identity(tree, RECOVERER)
@@ -101,7 +101,7 @@ def fsck_cmd(
     """Check every invariant over the whole tree; repair what has one repair; exit 0 only when clean."""
     try:
         tree = open_tree(spool)
-        cfg = config.load(tree.config_file)
+        cfg = load_config(tree)
     except SpoolError as exc:
         raise fail(exc, as_json) from None
     problems = fsck.check(
@@ -131,7 +131,7 @@ def gc_cmd(
     """Remove unreferenced store objects and old attempts' work folders (never what a manifest names)."""
     try:
         tree = open_tree(spool)
-        cfg = config.load(tree.config_file)
+        cfg = load_config(tree)
     except SpoolError as exc:
         raise fail(exc, as_json) from None
     rep = gc.collect(tree, cfg.recovery.work_retention, dry_run=dry_run)
@@ -158,7 +158,7 @@ def verify_cmd(
     """Re-hash published outputs against their manifests (and optionally re-validate them)."""
     try:
         tree = open_tree(spool)
-        cfg = config.load(tree.config_file)
+        cfg = load_config(tree)
     except SpoolError as exc:
         raise fail(exc, as_json) from None
     ids = job or sorted(j for j, _ in status.job_ids(tree, "complete"))
