@@ -139,6 +139,16 @@ class Secrets(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     files: list[str] = []
 
 
+class Permissions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    #: The umask every spool process applies: "0002" lets a studio group share
+    #: the spool (folders 2775, files 664), "0022" keeps it to one user.
+    umask: Annotated[str, msgspec.Meta(pattern=r"^0?[0-7]{3}$")] = "0022"
+
+    @property
+    def umask_bits(self) -> int:
+        return int(self.umask, 8)
+
+
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     assets: Assets = msgspec.field(default_factory=Assets)
     limits: Limits = msgspec.field(default_factory=Limits)
@@ -147,6 +157,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     daemon: Daemon = msgspec.field(default_factory=Daemon)
     recovery: Recovery = msgspec.field(default_factory=Recovery)
     secrets: Secrets = msgspec.field(default_factory=Secrets)
+    permissions: Permissions = msgspec.field(default_factory=Permissions)
     render: Render = msgspec.field(default_factory=Render)
     observe: Observe = msgspec.field(default_factory=Observe)
 
@@ -185,7 +196,7 @@ def parse(raw: bytes, name: str = "spool.toml") -> Config:
     return cfg
 
 
-def template(asset_roots: list[str]) -> str:
+def template(asset_roots: list[str], umask: str = "0022") -> str:
     """The commented ``spool.toml`` that ``spool init`` writes."""
     roots = ", ".join(f'"{_toml_escape(r)}"' for r in asset_roots)
     return f"""\
@@ -240,6 +251,9 @@ work_retention = 604800.0  # spool gc keeps finished attempts' work/ folders thi
 # always included; name others here, and token files kept outside the spool.
 env = []
 files = []
+
+[permissions]
+umask = "{umask}"           # every spool process applies it; "0002" for a spool a group shares
 
 [render]
 ffmpeg = "ffmpeg"

@@ -71,7 +71,7 @@ class Journal:
                 **facts,
             )
             line = encode_line(ev)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # umask decides
             try:
                 # flock, not portalocker: it is a one-liner here, and importing
                 # portalocker costs a CLI call ~100 ms when redis is installed.

@@ -97,7 +97,7 @@ def write_atomic(
     path: Path,
     data: bytes,
     *,
-    mode: int = 0o644,
+    mode: int | None = None,
     durable: bool = True,
     replace: bool = True,
 ) -> None:
@@ -108,10 +108,12 @@ def write_atomic(
     (``replace=False``: fails with ``FileExistsError`` instead of replacing),
     then fsync the folder. ``durable=False`` skips the fsyncs for files that
     are only hints (progress), never for records the invariants depend on.
+    ``mode`` is set exactly (0o444 for what must stay read-only); without it
+    the process umask decides, as ``[permissions] umask`` configures.
     """
     folder = path.parent
     tmp = folder / temp_name(path.name)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if mode is None else mode)
     try:
         try:
             view = memoryview(data)
@@ -121,7 +123,7 @@ def write_atomic(
                 os.fsync(fd)
         finally:
             os.close(fd)
-        if mode != 0o644:
+        if mode is not None:
             os.chmod(tmp, mode)  # the umask may have narrowed it
         if replace:
             os.replace(tmp, path)
@@ -313,6 +315,18 @@ class Tree:
         for name in FOLDERS:
             make_dirs(self.root / name)
         make_dirs(self.store / "sha256")
+
+    def share_with_group(self, gid: int) -> None:
+        """Let a studio group share the spool: every folder (and the config) is
+        owned by the group, group-writable, and setgid, so what anyone creates
+        later belongs to the group too. Idempotent."""
+        paths = [self.root, *(self.root / name for name in FOLDERS), self.store / "sha256"]
+        for p in paths:
+            os.chown(p, -1, gid)
+            os.chmod(p, 0o2775)
+        if self.config_file.exists():
+            os.chown(self.config_file, -1, gid)
+            os.chmod(self.config_file, 0o664)
 
     def is_spool(self) -> bool:
         return self.config_file.is_file() and self.pending.is_dir()

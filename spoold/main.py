@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -45,6 +46,7 @@ def run(
             raise SpoolError(f"{spool} is not a spool (run: spool init {spool})")
         cfg = config.load(tree.config_file)
         secrets.install_from(cfg.secrets.env, cfg.secrets.files)
+        os.umask(cfg.permissions.umask_bits)
         code = Daemon(tree, cfg, worker_id(worker), drain=drain).run()
     except SpoolError as exc:
         typer.echo(f"spoold: {exc}", err=True)

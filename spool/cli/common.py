@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,6 +40,7 @@ def load_config(tree: Tree) -> Config:
     """The spool's config; its secrets are masked in everything printed from now on."""
     cfg = config.load(tree.config_file)
     secrets.install_from(cfg.secrets.env, cfg.secrets.files)
+    os.umask(cfg.permissions.umask_bits)
     return cfg
 
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import getpass
+import grp
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from .. import accept, config
-from ..errors import EXIT_INVALID, SpoolError
+from ..errors import EXIT_INVALID, InvalidInput, SpoolError
 from ..events import Journal, cli_writer
 from ..tree import Tree, write_atomic
 from .common import JsonOpt, SpoolOpt, app, fail, load_config, open_tree, print_json
@@ -24,17 +26,31 @@ def init(
         list[str] | None,
         typer.Option("--asset-root", help="A folder sources may come from (repeatable)."),
     ] = None,
+    group: Annotated[
+        str | None,
+        typer.Option(help="A group that shares the spool: folders become group-owned, setgid, writable."),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Create the spool tree and a commented spool.toml (existing files are kept)."""
     tree = Tree.at(directory)
-    tree.create()
-    roots = [str(Path(r).absolute()) for r in (asset_root or [])]
-    wrote = False
-    if not tree.config_file.exists():
-        write_atomic(tree.config_file, config.template(roots).encode())
-        wrote = True
     try:
+        gid = None
+        if group is not None:
+            try:
+                gid = grp.getgrnam(group).gr_gid
+            except KeyError:
+                raise InvalidInput("--group", f"{group!r} is not a group on this host") from None
+            os.umask(0o002)
+        tree.create()
+        if gid is not None:
+            tree.share_with_group(gid)
+        roots = [str(Path(r).absolute()) for r in (asset_root or [])]
+        wrote = False
+        if not tree.config_file.exists():
+            umask = "0002" if gid is not None else "0022"
+            write_atomic(tree.config_file, config.template(roots, umask).encode())
+            wrote = True
         load_config(tree)
     except SpoolError as exc:
         raise fail(exc, as_json) from None
