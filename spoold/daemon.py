@@ -64,6 +64,7 @@ class Daemon:
         self.heartbeat = Heartbeat(tree, worker, cfg.limits.max_active, cfg.limits.temp_disk_bytes)
         self.watcher = Watcher([tree.incoming, tree.pending], self.wake, tree.pending)
         self._signals = 0
+        self._told_stopping = False
         #: Counters hooks may read (metrics): claims lost to another worker, and so on.
         self.stats: dict[str, int] = {"claim_conflicts": 0, "claims": 0}
         self.hooks = [AutoRecover(), *default_hooks()] if hooks is None else hooks
@@ -123,6 +124,14 @@ class Daemon:
             self._recover_orphans()
         now = time.monotonic()
         if self.stopping:
+            if not self._told_stopping:
+                self._told_stopping = True
+                log.info(
+                    "stopping: no more claims; %d render(s) may finish within %.0f s",
+                    len(self.slots),
+                    self.cfg.daemon.stop_grace,
+                )
+                call(self.hooks, "stopping", self)
             if not self.slots:
                 return False
             if now >= self.stop_deadline and not self.interrupt.is_set():
@@ -254,11 +263,12 @@ class Daemon:
         signal.signal(signal.SIGINT, self._on_signal)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # Only flags here: a handler runs between two bytecodes of the main
+        # thread, which may hold a lock a hook would need. The loop does the rest.
         self._signals += 1
         if self._signals == 1:
             self.stopping = True
             self.stop_deadline = time.monotonic() + self.cfg.daemon.stop_grace
-            call(self.hooks, "stopping", self)
         else:
             self.interrupt.set()
         self.wake.set()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
+import signal
 from pathlib import Path
 from typing import Annotated
 
@@ -36,6 +38,7 @@ def run(
 ) -> None:
     """Claim, render, validate and publish jobs until stopped (or drained)."""
     # journald adds time, unit and (from a <N> prefix) priority; a terminal user wants the time.
+    faulthandler.register(signal.SIGUSR1)  # kill -USR1 <pid>: every thread's stack on stderr
     handler = log_handler()
     handler.addFilter(secrets.RedactingFilter())
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO), handlers=[handler])

@@ -173,6 +173,13 @@ class Daemon:
     def wait(self, timeout: float = 120) -> int:
         try:
             return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # A hung daemon: have it print every thread's stack into its log first.
+            self.proc.send_signal(signal.SIGUSR1)
+            time.sleep(0.5)
+            raise AssertionError(
+                f"spoold did not exit within {timeout} s:\n{self.output()[-6000:]}"
+            ) from None
         finally:
             self._logf.close()
 
