@@ -33,7 +33,7 @@ from pathlib import Path
 from . import liveness, store
 from .model import Failure, Manifest, WorkerRecord, encode
 from .status import Location, attempt_numbers, locate_all, read, running_workers
-from .tree import FLAT_STATES, Tree, fsync_dir, visible_names, write_atomic
+from .tree import FLAT_STATES, Tree, fsync_dir, visible_names, write_atomic, writer_gone
 
 
 @dataclass
@@ -216,8 +216,15 @@ def _store(tree: Tree, repair: bool, verify_hashes: bool) -> list[Problem]:
     return out
 
 
+def sweep_leftovers(tree: Tree) -> list[Problem]:
+    """Remove what interrupted writes of dead processes of this host left behind
+    (a daemon does this at start, before it writes anything)."""
+    return _leftovers(tree, repair=True, grace=float("inf"))
+
+
 def _leftovers(tree: Tree, repair: bool, grace: float) -> list[Problem]:
-    """Hidden temp files and attempt staging folders older than ``grace``."""
+    """Hidden temp files and attempt staging folders whose writer is a dead
+    process of this host, or that are older than ``grace``."""
     out = []
     now = time.time()
     folders = [tree.pending, tree.complete, tree.failed, tree.manifests, tree.workers, tree.rejected]
@@ -236,9 +243,11 @@ def _leftovers(tree: Tree, repair: bool, grace: float) -> list[Problem]:
             age = now - p.lstat().st_mtime
         except FileNotFoundError:
             continue
-        if age < grace:
+        gone = writer_gone(p.name)
+        if age < grace and not gone:
             continue
-        prob = Problem(2, _rel(tree, p), f"leftover of an interrupted write ({age:.0f} s old)", "remove it")
+        why = "its writer, a process of this host, is gone" if gone else f"{age:.0f} s old"
+        prob = Problem(2, _rel(tree, p), f"leftover of an interrupted write ({why})", "remove it")
         if repair:
             if p.is_dir():
                 shutil.rmtree(p, ignore_errors=True)

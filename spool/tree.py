@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import secrets
 import socket
 from collections.abc import Iterator
@@ -77,6 +78,25 @@ def boot_id() -> str:
 def temp_name(final_name: str) -> str:
     """A hidden name for a file being written, unique across hosts and processes."""
     return f".{final_name}.{HOST}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+
+
+_TEMP = re.compile(r"^\.(?P<final>.+)\.(?P<host>[A-Za-z0-9_-]+)\.(?P<pid>\d+)\.[0-9a-f]{8}(?:\.tmp)?$")
+
+
+def writer_gone(name: str) -> bool:
+    """Whether a hidden temp file or staging folder was left by a process of this
+    host that no longer exists (its name says which: ``.<x>.<host>.<pid>.<rand>``).
+    Such leftovers can be removed at once; other hosts' only after a grace period."""
+    m = _TEMP.match(name)
+    if m is None or m.group("host") != HOST:
+        return False
+    try:
+        os.kill(int(m.group("pid")), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def is_visible(name: str) -> bool:

@@ -22,7 +22,7 @@ import threading
 import time
 from types import FrameType
 
-from spool import accept, claim, recover
+from spool import accept, claim, fsck, recover
 from spool.config import Config
 from spool.events import Journal
 from spool.execute import Context, execute
@@ -93,6 +93,8 @@ class Daemon:
             self.cfg.limits.max_active,
             "inotify + polling" if watching else "polling",
         )
+        for p in fsck.sweep_leftovers(self.tree):
+            log.info("removed %s: %s", p.path, p.problem)
         for outcome in recover.adopt(self.ctx):
             log.info("adopted %s: %s -> %s", outcome.job_id, outcome.decision, outcome.to_state)
         call(self.hooks, "started", self)
