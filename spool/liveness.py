@@ -2,7 +2,9 @@
 
 * **Same host** (the record's ``host`` is ours): the worker is *dead* when its
   boot id differs from ours (the machine rebooted since) or its pid is gone
-  (or now belongs to a process that does not hold the worker's identity lock).
+  (or now belongs to a process that neither holds the worker's identity lock
+  nor keeps that lock file open: a lock taken through another mount of the
+  same export is invisible here).
   This is certain, so recovery may act on it at once.
 * **Another host**: we cannot see its processes. A heartbeat that stopped
   advancing only makes the worker *suspect*. Cross-host takeover follows
@@ -68,6 +70,31 @@ def holds_identity(tree: Tree, worker: str) -> bool:
         return False
 
 
+def has_lock_open(pid: int, worker: str) -> bool:
+    """Whether process ``pid`` keeps a worker identity lock file named for ``worker`` open.
+
+    The identity lock is only visible through the mount it was taken on (FUSE
+    clients such as sshfs keep locks per mount, nas.md table row e), so a host
+    that mounts the spool twice cannot see a live worker's lock through the
+    other mount. A daemon holds its lock file open for its whole life, so an
+    open file descriptor is evidence of the same fact. Linux ``/proc`` only;
+    ``False`` where it cannot be read.
+    """
+    suffix = f"/workers/.{worker}.lock"
+    fds = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(fds)
+    except OSError:
+        return False
+    for fd in names:
+        try:
+            if os.readlink(f"{fds}/{fd}").endswith(suffix):
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def server_now(tree: Tree) -> float:
     """The file server's idea of now: the mtime it gives a file we just wrote."""
     probe = tree.workers / f".clock.{HOST}.{os.getpid()}"
@@ -113,7 +140,9 @@ def assess(
             return WorkerHealth(
                 rec.worker, rec.host, "dead", "this host rebooted since its last heartbeat", None, rec
             )
-        if not pid_alive(rec.pid) or not holds_identity(tree, rec.worker):
+        if not pid_alive(rec.pid) or not (
+            holds_identity(tree, rec.worker) or has_lock_open(rec.pid, rec.worker)
+        ):
             return WorkerHealth(
                 rec.worker, rec.host, "dead", f"process {rec.pid} is gone (same host)", None, rec
             )
@@ -146,7 +175,7 @@ def assess_all(tree: Tree, stale_after: float, observer: Observer | None = None)
     now = None if observer is not None else server_now(tree)
     out = []
     for name in visible_names(tree.workers):
-        rec = read(tree.workers / name, WorkerRecord)
+        rec = read(tree.workers / name, WorkerRecord, replaced=True)
         if rec is not None:
             out.append(assess(tree, rec, stale_after, observer=observer, server_time=now))
     order = {"dead": 0, "suspect": 1, "alive": 2, "stopped": 3}

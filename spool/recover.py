@@ -439,7 +439,7 @@ def plan(
         jobs = jobs_of(ctx.tree, w)
         if not jobs:
             continue
-        rec = read(ctx.tree.worker_file(w), WorkerRecord)
+        rec = read(ctx.tree.worker_file(w), WorkerRecord, replaced=True)  # a heartbeat may be mid-replace
         if rec is None:
             health, evidence = "unknown", "no worker record in workers/"
         else:

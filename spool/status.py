@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from .model import AttemptRecord, Failure, Job, Manifest, Progress, Rejection, WorkerRecord, decode
-from .tree import FLAT_STATES, Tree, visible_names
+from .tree import FLAT_STATES, READ_RETRY_PAUSES, Tree, read_retrying, visible_names
 
 
 @dataclass(frozen=True)
@@ -80,12 +80,30 @@ def counts(tree: Tree) -> dict[str, int]:
     return {k: out[k] for k in keys}
 
 
-def read(path: Path, typ: type[Any]) -> Any:
-    """A record, or ``None`` if the file is missing or unreadable (never raises)."""
-    try:
-        return decode(path.read_bytes(), typ)
-    except (OSError, msgspec.DecodeError):
-        return None
+def read(path: Path, typ: type[Any], *, replaced: bool = False) -> Any:
+    """A record, or ``None`` if the file is missing or unreadable (never raises).
+
+    Records may be written by another host, and some are replaced while we read
+    (heartbeats, progress). Transient NAS errnos are retried (``read_retrying``),
+    and so is a read that decodes as truncated JSON: a FUSE client that cached
+    the old file's size can hand out a short read of the new one for a moment
+    (measured on sshfs: the next read is whole). ``replaced=True`` marks a file
+    that is rewritten in place, where a missing file is retried too: sshfs
+    answers ENOENT to a reader on the writer's own mount while it replaces it.
+    """
+    for pause in (*READ_RETRY_PAUSES, None):
+        try:
+            return decode(read_retrying(path), typ)
+        except FileNotFoundError:
+            if pause is None or not replaced:
+                return None
+        except OSError:
+            return None
+        except msgspec.DecodeError as exc:
+            if pause is None or "truncated" not in str(exc):
+                return None
+        time.sleep(pause)
+    return None
 
 
 def load_job(tree: Tree, job_id: str) -> tuple[Job, Location] | None:

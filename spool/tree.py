@@ -24,6 +24,7 @@ import os
 import re
 import secrets
 import socket
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,33 @@ FOLDERS = (
 #: Network filesystems report lost races with odd errnos (sshfs: EPERM, fuse-nfs:
 #: EFAULT/ESTALE), so callers classify by this set rather than by ENOENT alone.
 VANISHED = frozenset({errno.ENOENT, errno.ESTALE, errno.EPERM, errno.EFAULT, errno.EIO})
+
+
+#: Errors a reader gets, on some network filesystems, from a file that another client
+#: is replacing at that moment (NFS: ESTALE, EFAULT; SMB: EIO; sshfs: EPERM). They
+#: pass within milliseconds, so a reader of records other hosts write retries them.
+TRANSIENT = frozenset({errno.ESTALE, errno.EFAULT, errno.EIO, errno.EPERM})
+#: Pauses between the retries of :func:`read_retrying`, seconds (about 0.3 s in all).
+READ_RETRY_PAUSES = (0.01, 0.03, 0.1, 0.2)
+
+
+def read_retrying(path: Path) -> bytes:
+    """The bytes of a file that another host may be replacing right now.
+
+    A transient errno (:data:`TRANSIENT`) is retried after a short pause; the
+    last one is raised. ``FileNotFoundError`` is an answer, never retried: the
+    file is not there (replacement is a rename, so a reader on a trustworthy
+    filesystem never sees a gap).
+    """
+    for pause in (*READ_RETRY_PAUSES, None):
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError as exc:
+            if exc.errno not in TRANSIENT or pause is None:
+                raise
+            time.sleep(pause)
+    raise AssertionError("unreachable")
 
 
 def host_name() -> str:
