@@ -282,6 +282,18 @@ def make_spool(root: Path, settings: dict[str, dict[str, object]], asset_roots: 
     return root
 
 
+def noop_settings(**sections: dict[str, object]) -> dict[str, dict[str, object]]:
+    """spool.toml settings for no-op benchmarks: no-op jobs accepted, and no poster frames
+    (the thumbnail hook would run ffprobe on every no-op output, a text file)."""
+    out: dict[str, dict[str, object]] = {
+        "acceptance": {"allow_noop": True},
+        "observe": {"thumbnail_width": 0},
+    }
+    for name, kv in sections.items():
+        out.setdefault(name, {}).update(kv)
+    return out
+
+
 def noop_submission(name: str) -> bytes:
     return json.dumps({"name": name, "operation": "noop", "tags": TAGS}).encode()
 

@@ -40,6 +40,7 @@ from .common import (
     log,
     make_spool,
     median,
+    noop_settings,
     noop_submission,
     p99,
     pair_ratios,
@@ -100,14 +101,8 @@ class _Daemon:
 
 
 def _spool(d: Path, watch: str, poll: float) -> Path:
-    return make_spool(
-        d / "spool",
-        {
-            "acceptance": {"allow_noop": True},
-            "limits": {"max_active": 8},
-            "daemon": {"watch": watch, "poll_interval": poll},
-        },
-    )
+    settings = noop_settings(limits={"max_active": 8}, daemon={"watch": watch, "poll_interval": poll})
+    return make_spool(d / "spool", settings)
 
 
 #: Jobs run before measuring (the first claims pay for imports and cold caches).

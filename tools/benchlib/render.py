@@ -249,6 +249,7 @@ def keys(mode: str) -> list[str]:
     """The rows this measure promises (the smoke test checks every one is printed)."""
     return [
         *(f"render.overhead.{m}" for m in DECODE_MODES),
+        "render.claim_to_complete.sampled",
         "render.end_to_end.sampled",
         "render.split.render",
         *(f"render.split.validate.{m}" for m in DECODE_MODES),
@@ -290,15 +291,17 @@ def run(mode: str) -> tuple[list[Row], list[str]]:
     sampled: list[SpoolRun] = res["sampled"]
     for m in DECODE_MODES:
         runs = res[m]
-        c2c = [r.claim_to_complete for r in runs]
-        ratio = median(pair_ratios(c2c, bare))
+        around = [r.claim_to_complete - r.render for r in runs]
+        # (bare + spool's own time in the same round) / bare: FFmpeg's run-to-run spread on a
+        # shared machine is wider than the 5 % measured, so spool's share comes from its records.
+        ratio = median([(b + a) / b for a, b in zip(around, bare, strict=True)])
         target = m == "sampled"
         rows.append(
             Row(
                 key=f"render.overhead.{m}",
-                measure=f"render {spec.label}: claim->complete, decode {m}",
+                measure=f"render {spec.label}: spool's time around FFmpeg, decode {m}",
                 unit="s",
-                spool=median(c2c),
+                spool=median(around),
                 peer="bare FFmpeg (same argv)",
                 peer_value=median(bare),
                 ratio=ratio,
@@ -308,6 +311,18 @@ def run(mode: str) -> tuple[list[Row], list[str]]:
                 | {"bare": bare},
             )
         )
+    c2c = [r.claim_to_complete for r in sampled]
+    rows.append(
+        Row(
+            key="render.claim_to_complete.sampled",
+            measure=f"render {spec.label}: claim->complete, decode sampled",
+            unit="s",
+            spool=median(c2c),
+            peer="bare FFmpeg (same argv)",
+            peer_value=median(bare),
+            ratio=median(pair_ratios(c2c, bare)),
+        )
+    )
     e2e = [r.end_to_end for r in sampled]
     rows.append(
         Row(
@@ -375,6 +390,10 @@ def run(mode: str) -> tuple[list[Row], list[str]]:
         ),
     ]
     notes = [
+        "render: the target ratio is (bare + spool's time around FFmpeg) / bare per round, spool's time "
+        "around FFmpeg = claim->complete minus the attempt's own render_seconds (validation, hashing, "
+        "records, store, moves): FFmpeg's own run-to-run spread on this shared machine is wider than 5 %; "
+        "whether FFmpeg runs slower under spool is the 'FFmpeg inside spool' row (pairwise).",
         f"render: {spec.label}, logo, label, music mixed + loudnorm, H.264 {spec.preset} CRF 20 + AAC; "
         f"{rounds} rounds of [bare, none, sampled, full] rotated, after one uncounted warm-up job; "
         f"bare FFmpeg at spool's niceness ({b.nice}); ratio = median of per-round spool/bare.",

@@ -42,6 +42,7 @@ from .common import (
     log,
     make_spool,
     median,
+    noop_settings,
     pair_ratios,
     proc_status,
     run_timed,
@@ -73,7 +74,7 @@ def build_tree(root: Path, n: int) -> None:
 
     from spool.model import Expect, Job, Output, encode
 
-    make_spool(root, {"acceptance": {"allow_noop": True}, "limits": {"max_active": 1}})
+    make_spool(root, noop_settings(limits={"max_active": 1}))
     pending = root / "pending"
     base = datetime.now(UTC)
     for i in range(n):
