@@ -149,6 +149,14 @@ class Permissions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         return int(self.umask, 8)
 
 
+class Filesystem(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Strategies that depend on the spool's filesystem (``spool doctor`` probes it)."""
+
+    #: How validated outputs enter the store: ``link`` (hard link), ``copy`` (copy,
+    #: fsync, re-hash), or ``auto``: the daemon's start-up probe decides.
+    publish: Literal["auto", "link", "copy"] = "auto"
+
+
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     assets: Assets = msgspec.field(default_factory=Assets)
     limits: Limits = msgspec.field(default_factory=Limits)
@@ -160,6 +168,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     permissions: Permissions = msgspec.field(default_factory=Permissions)
     render: Render = msgspec.field(default_factory=Render)
     observe: Observe = msgspec.field(default_factory=Observe)
+    filesystem: Filesystem = msgspec.field(default_factory=Filesystem)
 
     def asset_roots(self, spool_root: Path) -> list[Path]:
         """Asset roots as absolute, symlink-resolved folders."""
@@ -236,7 +245,7 @@ sample_seconds = 0.5       # sampled mode: seconds decoded per window
 poll_interval = 2.0        # seconds between directory rescans (network mounts rely on them)
 heartbeat_interval = 5.0   # seconds between heartbeats in workers/<worker>.json
 stop_grace = 30.0          # seconds running renders may finish after SIGTERM
-watch = "auto"             # auto | inotify | poll
+watch = "auto"             # auto | inotify | poll; auto: spool doctor decides at daemon start
 
 [recovery]
 stale_after = 120.0        # seconds without a new heartbeat before a worker on another host is suspect
@@ -267,6 +276,11 @@ metrics_interval = 15.0    # seconds between rewrites of a worker's metrics file
 bind = "127.0.0.1:8470"    # spool serve's default HOST:PORT
 page_refresh = 5.0         # seconds between the status page's updates
 thumbnail_width = 320      # poster-frame JPEG width made after publish (thumbs/); 0 = none
+
+[filesystem]
+# What the spool's filesystem can do decides two strategies; `spool doctor` shows
+# what it measured and chose. Pin them here if you know better.
+publish = "auto"           # auto | link | copy: hard-link outputs into store/, or copy + re-hash
 """
 
 

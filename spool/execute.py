@@ -27,7 +27,7 @@ import signal
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -69,6 +69,9 @@ class Context:
     journal: Journal
     #: Set to interrupt running renders now (graceful stop after the grace period).
     stop: threading.Event
+    #: How validated outputs enter the store: ``link`` (falling back to a copy where a
+    #: link fails) or ``copy`` (copy, fsync, re-hash); the daemon sets it from ``spool doctor``.
+    publish: Literal["link", "copy"] = "link"
 
 
 class _Failed(Exception):
@@ -320,7 +323,8 @@ def publish(
     tree = ctx.tree
     _fence(ctx, job.job_id, "store link")
     try:
-        stored = store.publish(tree, candidate, Path(job.output.file).suffix)
+        ext = Path(job.output.file).suffix
+        stored = store.publish(tree, candidate, ext, prefer_link=ctx.publish == "link")
     except OSError as exc:
         raise _Failed(
             "publish",

@@ -22,7 +22,7 @@ import threading
 import time
 from types import FrameType
 
-from spool import accept, claim, fsck, recover
+from spool import accept, claim, doctor, fsck, recover
 from spool.config import Config
 from spool.events import Journal
 from spool.execute import Context, execute
@@ -85,7 +85,7 @@ class Daemon:
         make_dirs(self.tree.running_dir(self.worker))
         self._install_signals()
         self.heartbeat.beat(state="running", active=[])
-        watching = self.cfg.daemon.watch != "poll" and self.watcher.start()
+        watching = self._probe_filesystem() == "inotify" and self.watcher.start()
         log.info(
             "worker %s started on %s (max_active %d, %s)",
             self.worker,
@@ -118,6 +118,31 @@ class Daemon:
             call(self.hooks, "stopped", self)
             log.info("worker %s stopped", self.worker)
         return 0
+
+    def _probe_filesystem(self) -> str:
+        """``spool doctor``'s quick probes at start: log what the spool's filesystem
+        does, apply the publish strategy, and return the watch strategy."""
+        try:
+            report = doctor.run(self.tree, self.cfg, quick=True)
+        except Exception:
+            log.exception("filesystem probe failed; publish by link (copy where it fails), watch by inotify")
+            return "poll" if self.cfg.daemon.watch == "poll" else "inotify"
+        for warning in report.warnings:
+            (log.warning if report.safe else log.error)("filesystem: %s", warning)
+        m = report.mount
+        log.info(
+            "filesystem: %s (%s) on %s, probed in %.2f s; publish by %s (%s); watch by %s (%s)",
+            m.fstype,
+            m.kind,
+            m.mountpoint,
+            report.seconds,
+            report.publish.value,
+            report.publish.why,
+            report.watch.value,
+            report.watch.why,
+        )
+        self.ctx.publish = "copy" if report.publish.value == "copy" else "link"
+        return report.watch.value
 
     def _step(self) -> bool:
         """One iteration of the loop; ``False`` when the daemon should exit."""

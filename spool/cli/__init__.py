@@ -17,7 +17,7 @@ import typer
 
 from .. import secrets
 from ..errors import SpoolError
-from . import intent, observe, queue, repair  # noqa: F401  (importing registers the commands)
+from . import doctor, intent, observe, queue, repair  # noqa: F401  (importing registers the commands)
 from .common import app
 
 __all__ = ["app", "main"]
