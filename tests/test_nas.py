@@ -1,26 +1,353 @@
-"""Readers of records that other hosts replace, and liveness across mounts of one host.
+"""One spool, two "workstations": the invariants across two network mounts of one export.
 
-What a NAS client does to a reader of a record that another process is
-replacing (a short read, ESTALE, a moment's ENOENT) is faked here; a worker
-whose identity lock was taken through another mount is played by a process
-that keeps the lock file open without the lock being visible.
+tools/multimount serves a folder over SFTP from a private sshd on 127.0.0.1 and
+mounts it twice with sshfs (``dir_cache=no``: FUSE's 1 s caches only), once per
+simulated host. Every daemon here runs on its own mount; the export (the file
+server's side of the folder) is the ground truth the checks read. Both mounts
+are on one machine, so workers share the host name: identities differ by name
+(``<host>-nas-a``, ``<host>-nas-b``), and liveness sees the same host's pids.
+
+Skipped only where FUSE is unavailable. The whole module brings the mounts up
+once and takes them down at the end, leaving nothing running. The last tests
+need no mounts: they fake what a NAS client does to a reader of a record that
+another process is replacing (short reads, ESTALE, a moment's ENOENT) and a
+worker whose identity lock was taken through another mount.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
+import signal
+import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
+import invariants
 import pytest
+from conftest import minimal, run_cli, wait_for, write_json
 
-from spool import liveness, status
+from spool import accept, config, doctor, liveness, status
 from spool import tree as tree_mod
 from spool.model import WorkerRecord, encode, now
+from spool.status import read
 from spool.tree import HOST, Tree, boot_id, write_atomic
+
+ROOT = Path(__file__).resolve().parents[1]
+MULTIMOUNT = ROOT / "tools" / "multimount"
+TAGS = {"campaign": "nas", "locale": "en", "asset_type": "test", "visibility": "internal"}
+
+
+def _fuse_unavailable() -> str | None:
+    """Why FUSE mounts cannot be made here, or ``None`` if they can."""
+    if os.geteuid() != 0:
+        return "tools/multimount needs root to start sshd and mount FUSE filesystems"
+    try:
+        fs = Path("/proc/filesystems").read_text()
+    except OSError:
+        fs = ""
+    if "fuse" not in fs.split():
+        return "the kernel has no fuse filesystem"
+    try:
+        os.close(os.open("/dev/fuse", os.O_RDWR))
+    except OSError as exc:
+        return f"/dev/fuse is not usable ({exc.strerror})"
+    return None
+
+
+@dataclass(frozen=True)
+class Nas:
+    export: Path
+    a: Path
+    b: Path
+
+    def spool(self, name: str, **settings: str) -> tuple[Tree, Tree, Tree]:
+        """A new spool in the export, as (export, mount A, mount B) views."""
+        server = Tree.at(self.export / name)
+        server.create()
+        text = config.template([str(self.export.parent / "assets")])
+        base = {
+            "poll_interval = 2.0": "poll_interval = 0.5",
+            "heartbeat_interval = 5.0": "heartbeat_interval = 0.5",
+            'metrics_dir = "metrics"': 'metrics_dir = ""',
+            "thumbnail_width = 320": "thumbnail_width = 0",
+            "allow_noop = false": "allow_noop = true",
+        }
+        for old, new in {**base, **settings}.items():
+            assert old in text, old
+            text = text.replace(old, new)
+        server.config_file.write_text(text)
+        return server, Tree.at(self.a / name), Tree.at(self.b / name)
+
+
+@pytest.fixture(scope="module")
+def nas(tmp_path_factory: pytest.TempPathFactory, media: dict[str, Path]) -> Iterator[Nas]:
+    why = _fuse_unavailable()
+    if why:
+        pytest.skip(f"FUSE is unavailable: {why}")
+    d = tmp_path_factory.mktemp("nas")
+    up = subprocess.run(
+        [str(MULTIMOUNT), "up", str(d), "--mounts", "2", "--cache", "low"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if up.returncode == 2:
+        pytest.skip(f"FUSE is unavailable: {up.stderr.strip()}")
+    assert up.returncode == 0, up.stderr
+    assets = d / "assets"
+    assets.mkdir()
+    for p in media.values():
+        (assets / p.name).write_bytes(p.read_bytes())
+    try:
+        yield Nas(d / "export", d / "a", d / "b")
+    finally:
+        down = subprocess.run([str(MULTIMOUNT), "down", str(d)], capture_output=True, text=True, timeout=120)
+        assert down.returncode == 0, down.stderr
+
+
+def _events(server: Tree) -> list[dict]:
+    out = [json.loads(x) for f in server.events.glob("*.jsonl") for x in f.read_text().splitlines()]
+    return sorted(out, key=lambda e: e["ts"])
+
+
+def _ts(e: dict) -> float:
+    return datetime.fromisoformat(e["ts"].replace("Z", "+00:00")).timestamp()
+
+
+def _noop_jobs(server: Tree, n: int, prefix: str = "n") -> list[str]:
+    cfg = config.load(server.config_file)
+    ids = []
+    for i in range(n):
+        sub = json.dumps({"name": f"{prefix}{i:04d}", "operation": "noop", "tags": TAGS}).encode()
+        ids.append(accept.accept_bytes(server, cfg, sub, "test").job_id)
+    return ids
+
+
+# -- the harness ------------------------------------------------------------------------
+
+
+def test_multimount_is_idempotent_and_down_leaves_nothing(nas, tmp_path):
+    again = subprocess.run(
+        [str(MULTIMOUNT), "up", str(nas.export.parent), "--mounts", "2", "--cache", "low"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert again.returncode == 0 and f"MULTIMOUNT_EXPORT={nas.export}" in again.stdout
+    assert (
+        subprocess.run([str(MULTIMOUNT), "status", str(nas.export.parent)], capture_output=True).returncode
+        == 0
+    )
+    # a second instance of its own, taken down twice: no mount, no process left
+    d = tmp_path / "mm"
+    subprocess.run(
+        [str(MULTIMOUNT), "up", str(d), "--mounts", "1"], check=True, capture_output=True, timeout=60
+    )
+    (d / "a" / "hello").write_text("hi")
+    assert (d / "export" / "hello").read_text() == "hi"
+    for _ in range(2):
+        subprocess.run([str(MULTIMOUNT), "down", str(d)], check=True, capture_output=True, timeout=60)
+    assert subprocess.run([str(MULTIMOUNT), "status", str(d)], capture_output=True).returncode == 3
+    assert str(d) not in Path("/proc/self/mountinfo").read_text()
+    leftover = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if str(d).encode() in (p / "cmdline").read_bytes():
+                    leftover.append(p.name)
+            except OSError:
+                continue
+    assert leftover == []
+    assert (d / "export" / "hello").exists()  # the data is kept
+
+
+# -- spool doctor on the network mount ----------------------------------------------------
+
+
+def test_doctor_on_the_network_mount_with_a_peer(nas):
+    server, a, b = nas.spool("doctor")
+    proc = run_cli("doctor", "--peer", str(b.root), "--json", spool=a)
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)
+    p = r["probes"]
+    assert r["mount"]["fstype"] == "fuse.sshfs" and r["mount"]["kind"] == "network"
+    assert r["safe"] is True
+    # what nas.md measured for sshfs, as doctor reports it
+    assert p["rename"]["ok"] and p["rename"]["peer"]["missing"] == 0  # atomic on the server
+    assert p["rename_race"]["ok"] and p["rename_race"]["not_exactly_one"] == 0
+    assert p["links"]["ok"] and p["links"]["race_not_exactly_one"] == 0
+    assert p["o_excl"]["race_not_exactly_one"] == 0
+    assert p["locks"]["local"] is True and p["locks"]["across_mounts"] is False  # local to each client
+    assert p["inotify"]["this_mount"] is True and p["inotify"]["other_mount"] is False
+    assert p["lag"]["listing_seconds"] < 3 and 0.5 <= p["lag"]["stale_stat_seconds"] < 5  # dir_cache=no: ~1 s
+    assert p["mtime"]["granularity_ns"] == 10**9  # SFTPv3 carries whole seconds
+    assert r["choices"]["publish"]["value"] == "link"
+    assert r["choices"]["watch"]["value"] == "poll"
+    assert "other mounts" in r["choices"]["watch"]["why"]
+    assert list((server.root / ".doctor").iterdir()) == []  # probe files removed
+
+
+def test_doctor_tells_local_disk_tmpfs_and_sshfs_apart(nas, tmp_path):
+    """The quick probes (what the daemon runs at start) on all three kinds of filesystem."""
+    shm = Path("/dev/shm") / f"spool-nas-test-{os.getpid()}"
+    places = {"local": tmp_path / "spool", "sshfs": nas.a / "kinds"}
+    if Path("/dev/shm").is_dir() and doctor.mount_of(Path("/dev/shm")).kind == "memory":
+        places["tmpfs"] = shm / "spool"
+    rows = {}
+    try:
+        for name, root in places.items():
+            t = Tree.at(root)
+            t.create()
+            rep = doctor.run(t, config.Config(), quick=True)
+            rows[name] = (
+                rep.mount.kind,
+                rep.findings["mtime"].facts["granularity_ns"],
+                rep.findings["links"].ok,
+                rep.publish.value,
+                rep.watch.value,
+            )
+            print(name, rep.mount.fstype, rows[name], f"{rep.seconds:.2f} s")
+    finally:
+        subprocess.run(["rm", "-rf", str(shm)], check=True)
+    assert rows["sshfs"] == ("network", 10**9, True, "link", "poll")
+    assert rows["local"][0] in ("local", "memory") and rows["local"][1] < 10**9
+    assert rows["local"][3:] == ("link", "inotify")
+    if "tmpfs" in rows:
+        assert rows["tmpfs"] == ("memory", 1, True, "link", "inotify")
+
+
+# -- two daemons, two mounts ----------------------------------------------------------------
+
+
+def _daemon(daemons, view: Tree, name: str, **kw):
+    return daemons(view, name, log=view.root.parent.parent / f"spoold-{view.root.name}-{name}.log", **kw)
+
+
+def test_two_daemons_on_two_mounts_race_for_500_jobs(nas, daemons):
+    server, a, b = nas.spool("race", **{"max_active = 2 ": "max_active = 4 "})
+    ids = _noop_jobs(server, 500)
+    da = _daemon(daemons, a, "nas-a", drain=True)
+    db = _daemon(daemons, b, "nas-b", drain=True)
+    # while both run, each sees the other as alive through its own mount (the
+    # identity lock taken through the other mount is invisible here)
+    wa, wb = f"{HOST}-nas-a", f"{HOST}-nas-b"
+    rec = wait_for(lambda: read(b.worker_file(wa), WorkerRecord), timeout=30)
+    if da.alive():
+        assert liveness.assess(b, rec, 60).health == "alive"
+    assert da.wait(timeout=300) == 0, da.output()
+    assert db.wait(timeout=300) == 0, db.output()
+    assert "watch by poll" in da.output() and "fuse.sshfs (network)" in da.output()
+
+    events = _events(server)
+    claims = [e for e in events if e["to"] == "running" and e.get("reason") == "claimed"]
+    completes = Counter(e["job"] for e in events if e["to"] == "complete")
+    assert Counter(e["job"] for e in claims) == Counter(ids)  # every job claimed exactly once
+    assert completes == Counter(ids)  # and completed exactly once
+    assert not [e for e in events if "taken over" in (e.get("reason") or "")]
+    by = Counter(e["worker"] for e in claims)
+    assert set(by) == {wa, wb} and min(by.values()) > 0, by
+    for jid in ids:
+        attempts = [p.name for p in server.job_attempts(jid).iterdir() if not p.name.startswith(".")]
+        assert attempts == ["1"], (jid, attempts)
+        rec = json.loads((server.attempt_dir(jid, 1) / "attempt.json").read_text())
+        assert rec["worker"] in (wa, wb)
+    assert sorted(p.name for p in server.complete.iterdir()) == sorted(f"{j}.json" for j in ids)
+    assert invariants.check(server.root) == []
+    fsck = json.loads(run_cli("fsck", "--json", "--no-repair", spool=a).stdout)
+    assert fsck["problems"] == []
+    t = sorted(_ts(e) for e in claims)
+    print(f"claims/s with two hosts: {len(t) / (t[-1] - t[0]):.1f} ({dict(by)})")
+
+
+def test_a_drop_on_one_mount_is_claimed_from_the_other_by_polling(nas, daemons):
+    server, a, b = nas.spool("latency")
+    db = _daemon(daemons, b, "nas-poll")
+    wait_for(lambda: "started on" in db.output(), timeout=30)
+    assert "watch by poll" in db.output()
+    lat = []
+    for i in range(8):
+        sub = json.dumps({"name": f"drop{i}", "operation": "noop", "tags": TAGS}).encode()
+        tmp = a.incoming / f".drop{i}.json.tmp"
+        tmp.write_bytes(sub)
+        os.rename(tmp, a.incoming / f"drop{i}.json")
+        dropped = time.time()
+        rec_path = server.attempt_dir(f"drop{i}@1", 1) / "attempt.json"
+        wait_for(rec_path.exists, timeout=20)
+        claimed = datetime.fromisoformat(json.loads(rec_path.read_text())["claimed_at"]).timestamp()
+        lat.append(claimed - dropped)
+        time.sleep(0.13 * (i % 4))  # land at different points of the poll cycle
+    db.signal(signal.SIGTERM)
+    assert db.wait() == 0
+    med = statistics.median(lat)
+    print(f"drop-to-claim across mounts, poll_interval 0.5 s: median {med:.3f} s, max {max(lat):.3f} s")
+    assert max(lat) < 0.5 + 2.0  # one poll interval plus the FUSE cache and the work
+
+
+def test_interrupt_on_one_mount_and_recover_from_the_other(nas, daemons):
+    """A real render SIGKILLed mid-way on mount A, recovered by an operator on mount B."""
+    server, a, b = nas.spool("interrupt")
+    job = minimal(
+        nas.export.parent / "assets",
+        name="crashy",
+        steps=[{"op": "fit", "width": 1280, "height": 720}, {"op": "encode", "preset": "medium"}],
+    )
+    run_cli("submit", str(write_json(nas.export.parent / "crashy.json", job)), spool=a, check=True)
+    da = _daemon(daemons, a, "nas-a")
+    progress = server.attempt_dir("crashy@1", 1) / "progress.json"
+    wait_for(progress.exists, timeout=60, interval=0.02)
+    os.killpg(da.proc.pid, signal.SIGKILL)  # the daemon and its FFmpeg, mid-render
+    da.wait()
+    assert (server.running / f"{HOST}-nas-a" / "crashy@1.json").exists()
+    assert invariants.check(server.root, settled=False) == []
+    first = server.attempt_dir("crashy@1", 1)
+    before = {p.relative_to(first): p.read_bytes() for p in first.rglob("*") if p.is_file()}
+
+    out = run_cli("recover", "--worker", f"{HOST}-nas-a", "--json", spool=b, check=True).stdout
+    plan = json.loads(out)
+    assert plan["workers"][0]["health"] == "dead"  # same host: the pid is gone, certainly
+    assert plan["done"] and plan["done"][0]["job_id"] == "crashy@1"
+    db = _daemon(daemons, b, "nas-b", drain=True)
+    assert db.wait(timeout=180) == 0, db.output()
+
+    assert (server.complete / "crashy@1.json").exists()
+    assert invariants.check(server.root) == []
+    after = {p.relative_to(first): p.read_bytes() for p in first.rglob("*") if p.is_file()}
+    for rel, data in before.items():  # the first attempt is intact
+        if rel.name != "progress.json":
+            assert after[rel] == data, rel
+    manifest = json.loads(server.manifest_file("crashy@1").read_text())
+    assert manifest["attempt"] >= 2
+    rec = json.loads((server.attempt_dir("crashy@1", manifest["attempt"]) / "attempt.json").read_text())
+    assert rec["worker"] in (f"{HOST}-nas-b", f"{HOST}-recover")
+    assert any("recovery" in (e.get("reason") or "") for e in _events(server))
+
+
+@pytest.mark.torture
+def test_torture_across_mounts_loses_nothing(nas, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "torture.py"), "--jobs", "20", "--kills", "8", "--seed", "5",
+         "--mounts", f"{nas.a},{nas.b}", "--export", str(nas.export), "--keep", str(tmp_path / "run"),
+         "--json"],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "tools")},
+    )  # fmt: skip
+    assert proc.stdout, proc.stderr
+    f = json.loads(proc.stdout)
+    print(json.dumps({k: v for k, v in f.items() if k != "details"}))
+    assert [m.rsplit("/", 2)[1] for m in f["mounts"]] == [nas.a.name, nas.b.name]
+    assert f["lost"] == 0 and f["double_published"] == 0 and f["partial_at_final"] == 0, f["details"]
+    assert f["fsck_problems"] == 0 and f["independent_problems"] == 0, f["details"]
+    assert f["complete"] + f["failed"] == f["jobs"] and f["kills"] >= 1
+    assert proc.returncode == 0
+
 
 # -- readers of records that other hosts replace (no mounts needed) -----------------------
 

@@ -1,6 +1,7 @@
 """The kill -9 torture run: many short real renders, daemons and FFmpeg killed at random.
 
     tools/torture [--jobs N] [--kills K] [--workers W] [--seed S] [--keep DIR]
+                  [--mounts A,B,... [--export DIR]]
 
 It makes a spool with tiny real media, submits N jobs (most render, some are
 meant to fail validation), starts W daemons and then, K times, kills with
@@ -14,6 +15,13 @@ restarted under the same identity. Then every daemon is restarted to drain,
 It prints one line of figures and exits 0 only if no job was lost, none was
 published twice, no partial file sits at a final path and both checks are
 clean. ``--json`` prints the figures as JSON instead.
+
+Across mounts (``--mounts A,B``: the same folder seen through two mounts of one
+export, as tools/multimount makes them), the spool is made in that folder and
+worker k runs on mount k modulo the number of mounts, so every claim, heartbeat
+and recovery crosses a network filesystem client. ``--export DIR`` is the
+folder on the file server's side: the spool is set up and checked there (the
+ground truth, free of client caches); without it, through the first mount.
 """
 
 from __future__ import annotations
@@ -132,6 +140,12 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     spool, assets, logs = base / "spool", base / "assets", base / "logs"
     for d in (assets, logs):
         d.mkdir(exist_ok=True)
+    views = [spool]  # the spool's path as each worker sees it
+    if args.mounts:
+        mounts = [Path(m).absolute() for m in args.mounts.split(",") if m]
+        name = f"spool-torture-{os.getpid()}"
+        spool = (Path(args.export).absolute() if args.export else mounts[0]) / name
+        views = [m / name for m in mounts]
     if spool.exists():
         shutil.rmtree(spool)
     samples.clip(assets / "clip.mp4", seconds=2.0, size="320x240")
@@ -161,7 +175,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         ids.append(f"t{i:04d}@1")
 
     started = time.monotonic()
-    workers = [Worker(spool, f"w{k}", logs) for k in range(args.workers)]
+    workers = [Worker(views[k % len(views)], f"w{k}", logs) for k in range(args.workers)]
     for w in workers:
         w.start()
     kills: Counter[str] = Counter()
@@ -203,7 +217,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             w.proc.wait(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             w.kill()
-    subprocess.run([spoolcmd, "recover", "--spool", str(spool)], stdout=subprocess.DEVNULL, check=False)
+    subprocess.run([spoolcmd, "recover", "--spool", str(views[0])], stdout=subprocess.DEVNULL, check=False)
     wall = time.monotonic() - started
 
     fsck = subprocess.run(
@@ -250,8 +264,11 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             "independent": independent[:10],
         },
     }
+    figures["mounts"] = [str(v) for v in views] if args.mounts else []
     if not args.keep and not (lost or double or partial or fsck_problems or independent):
         shutil.rmtree(base, ignore_errors=True)
+        if args.mounts:
+            shutil.rmtree(spool, ignore_errors=True)
         figures["spool"] = "(removed)"
     return figures
 
@@ -290,6 +307,11 @@ def main() -> int:
     ap.add_argument("--max-attempts", type=int, default=10)
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds allowed for the final drain")
     ap.add_argument("--keep", help="build the spool here and keep it")
+    ap.add_argument(
+        "--mounts",
+        help="comma-separated mounts of one shared folder: the spool lives there, worker k on mount k",
+    )
+    ap.add_argument("--export", help="with --mounts: the same folder on the file server (setup, checks)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     f = run(args)
