@@ -124,9 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             rows += got[0]
             all_notes += got[1]
-    got = {r.key for r in rows}
+    printed = {r.key for r in rows}
     for key in expected_keys(mode, tuple(n for n in chosen if not isinstance(results[n], Exception))):
-        if key not in got:
+        if key not in printed:
             failed.append(f"row {key} missing")
             rows.append(Row(key=key, measure=f"{key}: missing", unit="", spool=None))
     elapsed = time.monotonic() - started

@@ -311,16 +311,16 @@ def run(mode: str) -> tuple[list[Row], list[str]]:
                 | {"bare": bare},
             )
         )
-    c2c = [r.claim_to_complete for r in sampled]
+    claim_to_complete = [r.claim_to_complete for r in sampled]
     rows.append(
         Row(
             key="render.claim_to_complete.sampled",
             measure=f"render {spec.label}: claim->complete, decode sampled",
             unit="s",
-            spool=median(c2c),
+            spool=median(claim_to_complete),
             peer="bare FFmpeg (same argv)",
             peer_value=median(bare),
-            ratio=median(pair_ratios(c2c, bare)),
+            ratio=median(pair_ratios(claim_to_complete, bare)),
         )
     )
     e2e = [r.end_to_end for r in sampled]

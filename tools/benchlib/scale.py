@@ -28,7 +28,9 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 from .common import (
@@ -219,7 +221,8 @@ def run(mode: str) -> tuple[list[Row], list[str]]:
                     raise RuntimeError(f"{' '.join(argv[:3])} exited {t.returncode}")
                 return t.wall * 1e3
 
-            res = interleave(rounds, {k: (lambda a=a: timed(a)) for k, a in env_argv.items()})
+            runners: dict[str, Callable[[], float]] = {k: partial(timed, a) for k, a in env_argv.items()}
+            res = interleave(rounds, runners)
             parse = median([parse_all(root / "pending") * 1e3 for _ in range(min(rounds, 3))])
             if n == sizes[-1]:
                 for k in ("status", "json", "ls"):
