@@ -33,6 +33,7 @@ from spool.workers import Heartbeat, Identity
 
 from .hooks import Hook, call, default_hooks
 from .policies import AutoRecover
+from .waker import Waker
 from .watcher import Watcher
 
 log = logging.getLogger("spoold")
@@ -46,7 +47,7 @@ class Daemon:
         self.cfg = cfg
         self.worker = worker
         self.drain = drain
-        self.wake = threading.Event()
+        self.wake = Waker()  # not a threading.Event: signal handlers ring it too
         self.interrupt = threading.Event()
         self.stopping = False
         self.stop_deadline = 0.0
@@ -161,8 +162,9 @@ class Daemon:
                 call(self.hooks, "stopping", self)
             if not self.slots:
                 return False
-            if now >= self.stop_deadline and not self.interrupt.is_set():
-                log.info("grace period over: interrupting %d render(s)", len(self.slots))
+            if (now >= self.stop_deadline or self._signals > 1) and not self.interrupt.is_set():
+                why = "a second stop signal" if self._signals > 1 else "grace period over"
+                log.info("%s: interrupting %d render(s)", why, len(self.slots))
                 self.interrupt.set()
         else:
             self.wake.clear()
@@ -290,12 +292,11 @@ class Daemon:
         signal.signal(signal.SIGINT, self._on_signal)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        # Only flags here: a handler runs between two bytecodes of the main
-        # thread, which may hold a lock a hook would need. The loop does the rest.
+        # Plain assignments and a pipe write only: a handler runs between two
+        # bytecodes of the main thread, which may hold any lock (even the one
+        # inside a threading.Event). The loop does the rest.
         self._signals += 1
         if self._signals == 1:
             self.stopping = True
             self.stop_deadline = time.monotonic() + self.cfg.daemon.stop_grace
-        else:
-            self.interrupt.set()
         self.wake.set()

@@ -18,6 +18,8 @@ from pathlib import Path
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
+from .waker import Waker
+
 log = logging.getLogger("spoold.watcher")
 
 
@@ -38,7 +40,7 @@ class Watcher:
     """Sets ``wake`` whenever something changes in the watched folders, and
     collects the job IDs that changed in ``pending``."""
 
-    def __init__(self, folders: list[Path], wake: threading.Event, pending: Path) -> None:
+    def __init__(self, folders: list[Path], wake: Waker, pending: Path) -> None:
         self.folders = folders
         self.wake = wake
         self.pending = str(pending)
