@@ -349,6 +349,22 @@ def test_torture_across_mounts_loses_nothing(nas, tmp_path):
     assert proc.returncode == 0
 
 
+def test_multimount_bench_measures_claims_and_latency(nas):
+    """tools/multimount_bench.py, small: the figures of the closing note come from it."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "multimount_bench.py"), "--mounts", f"{nas.a},{nas.b}",
+         "--export", str(nas.export), "--jobs", "40", "--drops", "3", "--poll", "0.5", "--json"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    f = json.loads(proc.stdout)
+    assert (
+        f["claims"]["claims"] == 40 and f["claims"]["claimed_twice"] == 0 and f["claims"]["completed"] == 40
+    )
+    assert f["claims"]["claims_per_second"] > 0
+    assert 0 <= f["latency"]["median"] <= f["latency"]["p99"] < 0.5 + 2.0
+
+
 # -- readers of records that other hosts replace (no mounts needed) -----------------------
 
 
