@@ -8,6 +8,7 @@ expected and what the file has, so a failure says exactly what is wrong.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from pathlib import Path
@@ -107,41 +108,102 @@ def decode_windows(
     return [(round(i * step, 3), seconds) for i in range(windows)]
 
 
+def count_packets(path: Path, cfg: Config) -> tuple[dict[str, Any], list[str]]:
+    """Demux (not decode) the whole file, counting packets per stream: fast, and it
+    reads to the very end. Returns ffprobe's report and its error lines."""
+    argv = [
+        cfg.render.ffprobe, "-v", "error", "-protocol_whitelist", "file", "-count_packets",
+        "-show_entries", "stream=index,codec_type,nb_frames,nb_read_packets:format=duration",
+        "-of", "json", f"file:{path}",
+    ]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, stdin=subprocess.DEVNULL, timeout=3600)
+    errors = redact(proc.stderr.decode("utf-8", "replace")).strip().splitlines()
+    try:
+        report = json.loads(proc.stdout)
+    except ValueError:
+        report = {}
+    if proc.returncode != 0 and not errors:
+        errors = [f"ffprobe exited with {proc.returncode}"]
+    return report, errors
+
+
+def short_streams(report: dict[str, Any], fps: float | None) -> list[str]:
+    """Pure: streams with fewer packets than the file's index (or duration x fps) promises."""
+    out = []
+    try:
+        duration = float(report.get("format", {}).get("duration"))
+    except (TypeError, ValueError):
+        duration = 0.0
+    for s in report.get("streams", []):
+        if s.get("codec_type") != "video":
+            continue  # audio (PCM counts samples, not packets) and subtitles count differently;
+            # streams are interleaved, so a short file is short in its video too
+        read = int(s.get("nb_read_packets") or 0)
+        promised = int(s.get("nb_frames") or 0)
+        if not promised and s.get("codec_type") == "video" and fps and duration:
+            promised = int(duration * fps) - 1  # a frame of slack for rounding at the end
+        if promised and read < promised:
+            out.append(
+                f"{s.get('codec_type', 'stream')} stream {s.get('index')}: {read} of {promised} packets"
+            )
+    return out
+
+
+def completeness_check(path: Path, cfg: Config, expect: Expect, log: Path) -> Check:
+    """The file holds everything its index promises, to the last packet.
+
+    A truncated file whose index sits at the front (mp4 with faststart, webm)
+    still probes with its full duration; demuxing it to the end shows the gap.
+    This runs in every decode mode, ``none`` included: publishing half a file
+    is what the gate exists to prevent.
+    """
+    report, errors = count_packets(path, cfg)
+    short = short_streams(report, expect.fps)
+    with open(log, "ab") as f:
+        f.write(f"[packets] {'; '.join(short + errors) or 'complete'}\n".encode())
+    problems = short + errors[:2]
+    return Check(
+        name="complete",
+        expected="every packet the index promises, readable to the end",
+        actual="; ".join(problems) or "complete",
+        ok=not problems,
+    )
+
+
 def decode_check(path: Path, cfg: Config, duration: float | None, log: Path) -> Check:
-    """Decode the candidate (whole or sampled) and report any decoder error."""
+    """Decode the candidate (whole or sampled) and report any decoder error.
+
+    Sampled mode is one FFmpeg run with the file opened once per window
+    (``-noaccurate_seek -ss S -t T``), every window mapped: each decode starts
+    at the keyframe at or before its sample point, so a window costs about its
+    own length. (Accurate seeking decodes from that keyframe up to the point
+    and then the window, which on long GOPs makes three windows cost as much as
+    the whole file.) Truncation is the duration check's job; this one finds
+    damage in what it reads.
+    """
     mode = cfg.validation.decode_check
     windows = decode_windows(duration, mode, cfg.validation.sample_windows, cfg.validation.sample_seconds)
-    spans: list[list[str]] = (
-        [[]] if windows is None else [["-ss", f"{s:g}", "-t", f"{t:g}"] for s, t in windows]
-    )
-    errors: list[str] = []
-    for span in spans:
-        argv = [
-            cfg.render.ffmpeg,
-            "-nostdin",
-            "-hide_banner",
-            "-v",
-            "error",
-            "-xerror",
-            "-protocol_whitelist",
-            "file",
-            *span,
-            "-i",
-            f"file:{path}",
-            "-map",
-            "0",
-            "-sn",  # subtitles and data are not decoded media; the null muxer has no encoder for them
-            "-dn",
-            "-f",
-            "null",
-            "-",
-        ]
-        proc = subprocess.run(argv, capture_output=True, stdin=subprocess.DEVNULL, timeout=3600)
-        text = redact(proc.stderr.decode("utf-8", "replace").strip())
-        with open(log, "ab") as f:
-            f.write(f"[decode {' '.join(span) or 'full'}] exit {proc.returncode}\n{text}\n".encode())
-        if proc.returncode != 0 or text:
-            errors.extend(text.splitlines()[:3] or [f"exit status {proc.returncode}"])
+    inputs: list[str] = []
+    maps: list[str] = []
+    spans = [[]] if windows is None else [["-ss", f"{s:g}", "-t", f"{t:g}"] for s, t in windows]
+    for i, span in enumerate(spans):
+        seek = ["-noaccurate_seek", *span] if span else []
+        inputs += ["-protocol_whitelist", "file", *seek, "-i", f"file:{path}"]
+        maps += ["-map", str(i)]
+    argv = [
+        cfg.render.ffmpeg, "-nostdin", "-hide_banner", "-v", "error", "-xerror",
+        *inputs, *maps,
+        "-sn", "-dn",  # subtitles and data are not decoded media; the null muxer has no encoder for them
+        "-f", "null", "-",
+    ]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, stdin=subprocess.DEVNULL, timeout=3600)
+    text = redact(proc.stderr.decode("utf-8", "replace").strip())
+    label_spans = " | ".join(" ".join(span) for span in spans) or "full"
+    with open(log, "ab") as f:
+        f.write(f"[decode {label_spans}] exit {proc.returncode}\n{text}\n".encode())
+    errors = text.splitlines()[:3] if (proc.returncode != 0 or text) else []
+    if proc.returncode != 0 and not errors:
+        errors = [f"exit status {proc.returncode}"]
     label = "full" if windows is None else f"{len(windows)} windows of {cfg.validation.sample_seconds:g} s"
     return Check(
         name="decode",
@@ -174,6 +236,8 @@ def validate(candidate: Path, container: str, expect: Expect, cfg: Config, log: 
             f.write(f"[probe] {exc}\n".encode())
     doctype = probe.ebml_doctype(candidate) if container == "webm" else None
     checks = check_probe(info, container, expect, cfg.validation.duration_tolerance, doctype)
+    if info is not None:
+        checks.append(completeness_check(candidate, cfg, expect, log))
     if info is not None and cfg.validation.decode_check != "none":
         checks.append(decode_check(candidate, cfg, expect.duration, log))
     return ValidationReport(

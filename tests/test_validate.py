@@ -47,6 +47,7 @@ PROBED = {
     "fps",
     "pix_fmt",
     "duration",
+    "complete",  # read by demuxing to the end, whatever the decode mode
 }
 
 
@@ -179,15 +180,16 @@ def test_good_file_passes_every_check(files, tmp_path, mode):
     assert checks["decode"].expected == f"no decoder errors ({label})"
     assert checks["decode"].actual == "clean"
     assert report.decode_check == mode
-    # the decode runs are logged: one whole-file run, or one run per window
+    # the decode run is logged: the whole file, or every window in one run
     runs = [ln for ln in (tmp_path / "validate.log").read_text().splitlines() if ln.startswith("[decode")]
-    assert len(runs) == (1 if mode == "full" else 3) and all(ln.endswith("exit 0") for ln in runs)
+    assert len(runs) == 1 and runs[0].endswith("exit 0")
+    assert runs[0].count("-ss") == (0 if mode == "full" else 3)
 
 
 def test_only_stated_expectations_are_checked(files, tmp_path):
     report = run(files["small"], tmp_path, expect=Expect())
     assert report.ok
-    assert set(by_name(report)) == {"container", "decode"}
+    assert set(by_name(report)) == {"container", "complete", "decode"}
 
 
 # -- each check fails on a file that misses it ---------------------------------------------------------
@@ -299,24 +301,19 @@ def test_truncated_file_with_the_index_at_the_end_is_unreadable(files, tmp_path,
 
 
 @pytest.mark.parametrize("fraction", [0.5, 0.9, 0.999])
-@pytest.mark.parametrize("mode", ["full", "sampled"])
-def test_truncated_faststart_file_fails_the_decode_check(files, tmp_path, mode, fraction):
-    # The index is at the front, so ffprobe still reads the whole (promised) duration.
+@pytest.mark.parametrize("mode", ["full", "sampled", "none"])
+def test_truncated_faststart_file_fails_the_completeness_check(files, tmp_path, mode, fraction):
+    # The index is at the front, so ffprobe still reads the whole (promised) duration:
+    # only reading to the end shows the file is short, in every decode mode.
     cut = truncate(files["good"], tmp_path / "cut.mp4", fraction)
     report = run(cut, tmp_path, mode=mode)
     assert not report.ok
     checks = by_name(report)
-    assert checks["container"].ok
-    assert not checks["decode"].ok and checks["decode"].actual != "clean"
-    print(f"truncated to {fraction:.1%}, {mode}: {checks['decode'].actual}")
-
-
-def test_truncated_faststart_file_without_decoding_is_an_operator_choice(files, tmp_path):
-    """Observation, not a guarantee: with decode_check = "none" only the probe is checked."""
-    cut = truncate(files["good"], tmp_path / "cut.mp4", 0.5)
-    report = run(cut, tmp_path, mode="none")
-    print(f"truncated faststart file, decode_check=none: ok={report.ok}, failed={report.failed()}")
-    assert "decode" not in by_name(report)
+    assert checks["container"].ok and checks["duration"].ok
+    assert not checks["complete"].ok and checks["complete"].actual != "complete"
+    if mode == "full":
+        assert not checks["decode"].ok
+    print(f"truncated to {fraction:.1%}, {mode}: {checks['complete'].actual}")
 
 
 @pytest.fixture(scope="module")
@@ -336,7 +333,8 @@ def test_corrupted_middle_fails_the_full_decode_check(corrupt, tmp_path):
     report = run(corrupt, tmp_path, mode="full")
     assert not report.ok
     checks = by_name(report)
-    assert [c.name for c in report.failed()] == ["decode"]  # the probe sees nothing wrong
+    failed = {c.name for c in report.failed()}
+    assert "decode" in failed and failed <= {"decode", "complete"}  # the probe itself sees nothing
     assert checks["decode"].expected == "no decoder errors (full)"
     assert checks["decode"].actual != "clean" and checks["decode"].actual
     print(f"corrupted middle, full: {checks['decode'].actual}")
@@ -347,11 +345,14 @@ def test_corrupted_middle_under_sampled_and_none(corrupt, tmp_path):
     print(
         f"corrupted middle, sampled (3 x 0.5 s): ok={sampled.ok}, decode={by_name(sampled)['decode'].actual}"
     )
-    # Sampling may or may not hit the damage; whatever it says, only the decode check can fail.
-    assert {c.name for c in sampled.failed()} <= {"decode"}
+    # Sampling may or may not hit the damage; whatever it says, only reading checks can fail.
+    assert {c.name for c in sampled.failed()} <= {"decode", "complete"}
     none = run(corrupt, tmp_path, mode="none")
-    # With decoding off nothing reads the media data, so the damage goes unnoticed.
-    assert none.ok and none.decode_check == "none" and "decode" not in by_name(none)
+    # With decoding off only the demux to the end reads the media data (its parser
+    # may notice the damage; that is a bonus, not a promise).
+    assert none.decode_check == "none" and "decode" not in by_name(none)
+    assert {c.name for c in none.failed()} <= {"complete"}
+    print(f"corrupted middle, none: ok={none.ok}, complete={by_name(none)['complete'].actual}")
 
 
 def test_decode_none_skips_decoding(files, tmp_path):
@@ -404,4 +405,4 @@ def test_sampled_decoding_reads_the_windows_it_names(files, tmp_path):
     report = run(files["good"], tmp_path, mode="sampled", sample_windows=2, sample_seconds=0.25)
     assert by_name(report)["decode"].expected == "no decoder errors (2 windows of 0.25 s)"
     text = (tmp_path / "validate.log").read_text()
-    assert "[decode -ss 0 -t 0.25]" in text and "[decode -ss 1.75 -t 0.25]" in text
+    assert "[decode -ss 0 -t 0.25 | -ss 1.75 -t 0.25]" in text
