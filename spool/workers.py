@@ -13,8 +13,10 @@ import os
 from dataclasses import dataclass, field
 from typing import IO
 
+from . import liveness
 from .errors import SpoolError
 from .model import WorkerRecord, encode, now
+from .status import read
 from .tree import HOST, Tree, boot_id, write_atomic
 
 
@@ -47,6 +49,24 @@ class Identity:
             raise IdentityTaken(
                 f"worker {self.worker} is already running on this host (lock {path} is held)"
             ) from None
+        # A lock taken through another mount of this spool on this host is invisible
+        # here (FUSE keeps locks per mount); the previous holder's record and its open
+        # lock file are not.
+        rec = read(self.tree.worker_file(self.worker), WorkerRecord)
+        if (
+            rec is not None
+            and rec.host == HOST
+            and rec.pid != os.getpid()
+            and rec.state != "stopped"
+            and liveness.pid_alive(rec.pid)
+            and liveness.has_lock_open(rec.pid, self.worker)
+        ):
+            portalocker.unlock(f)
+            f.close()
+            raise IdentityTaken(
+                f"worker {self.worker} is already running on this host as process {rec.pid} "
+                "(through another mount of this spool)"
+            )
         self._file = f
 
     def release(self) -> None:

@@ -267,6 +267,20 @@ def test_two_daemons_on_two_mounts_race_for_500_jobs(nas, daemons):
     print(f"claims/s with two hosts: {len(t) / (t[-1] - t[0]):.1f} ({dict(by)})")
 
 
+def test_one_worker_name_runs_once_per_host_even_across_two_mounts(nas, daemons):
+    """The identity lock taken through mount A is invisible through mount B; the
+    record and the open lock file are not, so a second start under the same name fails."""
+    _, a, b = nas.spool("samename")
+    first = _daemon(daemons, a, "twin")
+    wait_for(lambda: (a.workers / f"{HOST}-twin.json").exists(), timeout=30)
+    second = _daemon(daemons, b, "twin")
+    assert second.wait(timeout=60) != 0
+    assert "already running on this host" in second.output()
+    assert first.alive()
+    first.signal(signal.SIGTERM)
+    assert first.wait(timeout=60) == 0
+
+
 def test_a_drop_on_one_mount_is_claimed_from_the_other_by_polling(nas, daemons):
     server, a, b = nas.spool("latency")
     db = _daemon(daemons, b, "nas-poll")
