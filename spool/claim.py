@@ -18,8 +18,8 @@ import bisect
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
 import msgspec
 
@@ -36,8 +36,10 @@ class _Order(Record, kw_only=True):
     estimate_bytes: int = 0
 
 
-@dataclass(frozen=True, order=True)
-class _Key:
+class _Key(NamedTuple):
+    """Claim order: a tuple, so sorting compares in C and each key stays small
+    (the index holds one per pending job: 100,000 of them on a busy spool)."""
+
     neg_priority: int
     submitted: float
     job_id: str
@@ -64,6 +66,8 @@ class PendingIndex:
         self._delayed: dict[str, float] = {}
         #: job ID -> temporary disk its render may need (reserved while it runs)
         self._estimate: dict[str, int] = {}
+        #: job IDs whose retry delay has been looked up since they entered pending/
+        self._checked: set[str] = set()
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -105,9 +109,6 @@ class PendingIndex:
         ts = order.submitted_at.timestamp() if order.submitted_at else 0.0
         if order.estimate_bytes:
             self._estimate[jid] = order.estimate_bytes
-        wait_until = retry.not_before(self.tree, jid)
-        if wait_until is not None:
-            self._delayed[jid] = wait_until
         return _Key(-order.priority, ts, jid)
 
     def estimate(self, jid: str) -> int:
@@ -121,6 +122,13 @@ class PendingIndex:
         for k in self._sorted:
             if self._keys.get(k.job_id) is not k:
                 continue  # left pending/ since it was indexed
+            if k.job_id not in self._checked:
+                # A retry's backoff is looked up when the job comes up, not for every
+                # pending job at indexing time (one stat each: 100,000 at start-up).
+                self._checked.add(k.job_id)
+                wait_until = retry.not_before(self.tree, k.job_id)
+                if wait_until is not None:
+                    self._delayed[k.job_id] = wait_until
             until = self._delayed.get(k.job_id)
             if until is not None:
                 if until > t:
@@ -137,6 +145,7 @@ class PendingIndex:
             self._stale += 1
         self._delayed.pop(jid, None)
         self._estimate.pop(jid, None)
+        self._checked.discard(jid)
 
 
 def claim(tree: Tree, worker: str, job_id: str) -> bool:

@@ -64,6 +64,10 @@ class Metrics(Hook):
         metrics.write(self.path, fams)
 
 
+#: Outputs that have a picture to make a poster frame of.
+VIDEO_CONTAINERS = frozenset({"mp4", "mov", "webm"})
+
+
 class Thumbnails(Hook):
     """Makes the poster frame of every job this daemon completes, off the job's thread."""
 
@@ -93,7 +97,7 @@ class Thumbnails(Hook):
         while (job_id := self.jobs.get()) is not None:
             try:
                 m = read(daemon.tree.manifest_file(job_id), Manifest)
-                if m is not None:
+                if m is not None and m.output.container in VIDEO_CONTAINERS:  # not noop outputs
                     made = thumbs.make(daemon.tree, daemon.cfg, m)
                     if made is not None:
                         log.debug("%s: poster frame %s", job_id, daemon.tree.relative(made))
