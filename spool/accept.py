@@ -313,6 +313,7 @@ def _reserve(tree: Tree, jid: str, data: bytes) -> None:
                 f"job {jid} already exists; submit revision {_next_revision(tree, jid)} instead",
             ) from None
     else:
+        # Durable now: every attempt folder of the job will live under this entry.
         fsync_dir(tree.attempts)
 
 
@@ -536,8 +537,9 @@ def _accept_drop(
         tree, cfg, data, name, journal, user, source_path=taken, redelivered=redelivered
     )
     if isinstance(outcome, Accepted):
+        # No fsync: if this removal is lost in a crash, the drop comes back and is
+        # recognised as already accepted (same submission_sha256), so nothing is lost.
         os.unlink(taken)
-        fsync_dir(tree.incoming)
     return outcome
 
 

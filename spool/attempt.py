@@ -102,4 +102,6 @@ def write_failure(attempt: Attempt, failure: Failure) -> Path:
 
 
 def write_result(attempt: Attempt, manifest: Manifest) -> Path:
-    return attempt.record("result.json", manifest)
+    """The staged manifest. Not fsynced: the durable ``manifests/J.json`` follows at
+    once, and if a crash loses this file, recovery validates the candidate instead."""
+    return attempt.record("result.json", manifest, durable=False)

@@ -136,6 +136,10 @@ class PendingIndex:
                 del self._delayed[k.job_id]
             yield k.job_id
 
+    def oldest_submitted(self) -> float | None:
+        """When the longest-waiting pending job was submitted (epoch seconds)."""
+        return min((k.submitted for k in self._keys.values()), default=None)
+
     def next_due(self) -> float | None:
         """When the earliest delayed job becomes claimable (epoch seconds)."""
         return min(self._delayed.values(), default=None)

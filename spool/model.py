@@ -263,6 +263,9 @@ class WorkerRecord(Record, kw_only=True):
     active: list[str] = []
     temp_disk_reserved: int = 0
     temp_disk_limit: int = 0
+    #: When the longest-waiting job this daemon's index holds was submitted (epoch
+    #: seconds): status reads it instead of stat-ing 100,000 pending files.
+    oldest_pending_submitted: float | None = None
     version: str = ""
 
 

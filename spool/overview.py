@@ -79,6 +79,23 @@ def _scan(
     return out
 
 
+def _oldest_pending_from_daemons(tree: Tree, now: float) -> float | None:
+    """The earliest submission time the live daemons' claim indexes report."""
+    times = []
+    for name in visible_names(tree.workers):
+        path = tree.workers / name
+        rec = read(path, WorkerRecord)
+        if rec is None or rec.state != "running" or rec.oldest_pending_submitted is None:
+            continue
+        try:
+            if now - path.stat().st_mtime > FRESH_HEARTBEAT:
+                continue
+        except FileNotFoundError:
+            continue
+        times.append(rec.oldest_pending_submitted)
+    return min(times, default=None)
+
+
 def clock(tree: Tree) -> float:
     """Now, by the file server's clock if we may write a probe file, else ours."""
     try:
@@ -98,10 +115,23 @@ class QueueScan:
     running: list[tuple[str, str, float]]  # (job ID, worker, seconds in running/)
 
 
+#: Above this many pending jobs, the oldest one's age comes from the daemons'
+#: heartbeats (their claim index knows it) rather than from a stat of every file.
+LARGE_QUEUE = 5000
+#: A heartbeat older than this (file-server seconds) is not trusted for that age.
+FRESH_HEARTBEAT = 60.0
+
+
 def scan_queue(tree: Tree, now: float, keep: int = 10) -> QueueScan:
-    """Counts (names only) and ages (one stat per waiting job) of the whole queue."""
+    """Counts (names only) and ages of the whole queue: one stat per waiting job,
+    except for a large pending/ watched by a live daemon, which reports its age."""
     incoming = _scan(tree.incoming, stat=True)
-    pending = _scan(tree.pending, stat=True)
+    pending = _scan(tree.pending, stat=False)
+    oldest = _oldest_pending_from_daemons(tree, now) if pending.count > LARGE_QUEUE else None
+    if oldest is None:
+        pending = _scan(tree.pending, stat=True)
+    else:
+        pending.oldest = oldest
     held = _scan(tree.held, stat=False)
     complete = _scan(tree.complete, stat=False)
     failed = _scan(tree.failed, stat=True, keep=keep)

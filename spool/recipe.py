@@ -27,12 +27,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Literal
 
-import ffmpeg
 import msgspec
 
 from .errors import InvalidInput
 
 if TYPE_CHECKING:
+    import ffmpeg
+
     from .config import Render
     from .model import Expect, Source
 
@@ -433,6 +434,8 @@ def command(
     Inputs are opened as ``file:`` URLs with a file-only protocol whitelist, so
     a source can never make FFmpeg read another protocol or the network.
     """
+    import ffmpeg  # here, not at the top: every spool command imports recipe, few render
+
     sh = shape(recipe, sources)
     files: dict[str, bytes] = {}
     inputs: dict[str, ffmpeg.nodes.FilterableStream] = {}

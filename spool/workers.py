@@ -102,6 +102,7 @@ class Heartbeat:
         active: list[str] | None = None,
         state: str | None = None,
         temp_disk_reserved: int | None = None,
+        oldest_pending_submitted: float | None = None,
     ) -> WorkerRecord:
         r = self.rec
         r.beats += 1
@@ -112,6 +113,7 @@ class Heartbeat:
             r.state = state  # type: ignore[assignment]
         if temp_disk_reserved is not None:
             r.temp_disk_reserved = temp_disk_reserved
+        r.oldest_pending_submitted = oldest_pending_submitted
         write_atomic(self.tree.worker_file(r.worker), encode(r))
         return r
 

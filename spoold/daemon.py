@@ -184,6 +184,7 @@ class Daemon:
                 active=list(self.slots),
                 state="stopping" if self.stopping else "running",
                 temp_disk_reserved=sum(self.reserved.values()),
+                oldest_pending_submitted=self.index.oldest_submitted(),
             )
             self._next_beat = now + self.cfg.daemon.heartbeat_interval
         call(self.hooks, "tick", self)

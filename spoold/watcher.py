@@ -15,12 +15,23 @@ import os
 import threading
 from pathlib import Path
 
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.events import (
+    FileClosedEvent,
+    FileCreatedEvent,
+    FileDeletedEvent,
+    FileMovedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
 from watchdog.observers import Observer
 
 from .waker import Waker
 
 log = logging.getLogger("spoold.watcher")
+
+#: Events that can change what the loop should do: a drop renamed (or written and
+#: closed) into incoming/, a job appearing in or leaving pending/.
+WANTED: list[type[FileSystemEvent]] = [FileCreatedEvent, FileMovedEvent, FileDeletedEvent, FileClosedEvent]
 
 
 class _Handler(FileSystemEventHandler):
@@ -67,7 +78,10 @@ class Watcher:
         try:
             obs = Observer()
             for folder in self.folders:
-                obs.schedule(_Handler(self), str(folder), recursive=False)
+                # Ask the kernel only for what matters: a watch without a filter also
+                # reports every open and read of the folder (our own scans), which
+                # cost a fifth of the daemon's CPU in the dispatch benchmark.
+                obs.schedule(_Handler(self), str(folder), recursive=False, event_filter=WANTED)
             obs.daemon = True
             obs.start()
         except Exception as exc:  # inotify limits, unsupported filesystems

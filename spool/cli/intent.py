@@ -8,7 +8,6 @@ from typing import Annotated
 
 import typer
 
-from .. import intent
 from ..config import Config
 from ..decoding import parse_json
 from ..errors import InvalidInput, SpoolError
@@ -31,6 +30,8 @@ def _journal(spool: Path | None, as_json: bool) -> tuple[Tree, Config, Journal]:
 @app.command("retry")
 def retry_cmd(job: JobArg, by: ByOpt = None, spool: SpoolOpt = None, as_json: JsonOpt = False) -> None:
     """Send a failed job back to pending: same job file and recipe, a new attempt."""
+    from .. import intent  # here: spool starts faster without it
+
     tree, _, journal = _journal(spool, as_json)
     try:
         intent.retry_job(tree, job, by or getpass.getuser(), journal)
@@ -49,6 +50,8 @@ def revise(
     as_json: JsonOpt = False,
 ) -> None:
     """A new editorial choice: a new revision name@N+1 that supersedes JOB (which stays as it was)."""
+    from .. import intent  # here: spool starts faster without it
+
     tree, cfg, journal = _journal(spool, as_json)
     try:
         try:
@@ -83,6 +86,8 @@ def cancel(
     as_json: JsonOpt = False,
 ) -> None:
     """Cancel a pending, held or running job (a running render is stopped and recorded)."""
+    from .. import intent  # here: spool starts faster without it
+
     tree, _, journal = _journal(spool, as_json)
     try:
         state = intent.cancel(tree, job, by or getpass.getuser(), journal, wait=wait)
@@ -108,6 +113,8 @@ def approve(
     as_json: JsonOpt = False,
 ) -> None:
     """Record an approval of a complete job's output, keyed by job and output hash."""
+    from .. import intent  # here: spool starts faster without it
+
     try:
         tree = open_tree(spool)
         rec, new = intent.approve(tree, job, by, note, sha256)
@@ -122,6 +129,8 @@ def approve(
 @app.command()
 def hold(job: JobArg, by: ByOpt = None, spool: SpoolOpt = None, as_json: JsonOpt = False) -> None:
     """Set a pending job aside in held/ (no worker claims it) until released."""
+    from .. import intent  # here: spool starts faster without it
+
     tree, _, journal = _journal(spool, as_json)
     try:
         intent.hold(tree, job, by or getpass.getuser(), journal)
@@ -133,6 +142,8 @@ def hold(job: JobArg, by: ByOpt = None, spool: SpoolOpt = None, as_json: JsonOpt
 @app.command()
 def release(job: JobArg, by: ByOpt = None, spool: SpoolOpt = None, as_json: JsonOpt = False) -> None:
     """Return a held job to pending."""
+    from .. import intent  # here: spool starts faster without it
+
     tree, _, journal = _journal(spool, as_json)
     try:
         intent.release(tree, job, by or getpass.getuser(), journal)

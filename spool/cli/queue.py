@@ -10,7 +10,6 @@ from typing import Annotated, Any
 
 import typer
 
-from .. import accept, config
 from ..errors import EXIT_INVALID, InvalidInput, SpoolError
 from ..events import Journal, cli_writer
 from ..tree import Tree, write_atomic
@@ -33,6 +32,8 @@ def init(
     as_json: JsonOpt = False,
 ) -> None:
     """Create the spool tree and a commented spool.toml (existing files are kept)."""
+    from .. import config
+
     tree = Tree.at(directory)
     try:
         gid = None
@@ -67,6 +68,8 @@ def submit(
     as_json: JsonOpt = False,
 ) -> None:
     """Accept submissions (prints each job ID) or reject them (exit 2 with the reason)."""
+    from .. import accept
+
     try:
         tree = open_tree(spool)
         cfg = load_config(tree)

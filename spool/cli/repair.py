@@ -6,13 +6,10 @@ from typing import Annotated, Any
 
 import typer
 
-from .. import fsck, gc, recover, status, store
 from ..errors import EXIT_ERROR, NotFound, SpoolError
 from ..events import Journal
-from ..execute import Context, check_candidate
 from ..model import Job, Manifest
 from ..tree import HOST
-from ..workers import Identity
 from .common import JsonOpt, SpoolOpt, app, fail, load_config, open_tree, print_json
 
 #: The identity ``spool recover`` acts under while it holds recovered jobs.
@@ -33,6 +30,10 @@ def recover_cmd(
 ) -> None:
     """Inspect interrupted attempts and recover them by evidence (dead workers; suspect ones when named)."""
     import threading
+
+    from .. import recover
+    from ..execute import Context
+    from ..workers import Identity
 
     try:
         tree = open_tree(spool)
@@ -99,6 +100,8 @@ def fsck_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Check every invariant over the whole tree; repair what has one repair; exit 0 only when clean."""
+    from .. import fsck
+
     try:
         tree = open_tree(spool)
         cfg = load_config(tree)
@@ -129,6 +132,8 @@ def gc_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Remove unreferenced store objects and old attempts' work folders (never what a manifest names)."""
+    from .. import gc
+
     try:
         tree = open_tree(spool)
         cfg = load_config(tree)
@@ -156,6 +161,9 @@ def verify_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Re-hash published outputs against their manifests (and optionally re-validate them)."""
+    from .. import status, store
+    from ..execute import check_candidate
+
     try:
         tree = open_tree(spool)
         cfg = load_config(tree)
