@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from . import liveness
 from .config import Config
 from .tree import HOST, Tree, make_dirs
 
@@ -238,7 +239,7 @@ class _Lab:
         for p in self.dir.parent.iterdir():
             host, _, rest = p.name.partition(".")
             pid = rest.partition(".")[0]
-            if host == HOST and pid.isdigit() and not _pid_alive(int(pid)):
+            if host == HOST and pid.isdigit() and not liveness.pid_alive(int(pid)):
                 shutil.rmtree(p, ignore_errors=True)
 
     def __exit__(self, *exc: object) -> None:
@@ -252,16 +253,6 @@ class _Lab:
     def via_peer(self, p: Path) -> Path:
         assert self.peer is not None
         return self.peer / p.relative_to(self.dir)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _name(exc: OSError) -> str:

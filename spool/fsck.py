@@ -193,26 +193,20 @@ def _manifests(tree: Tree, verify_hashes: bool) -> list[Problem]:
 
 def _store(tree: Tree, repair: bool, verify_hashes: bool) -> list[Problem]:
     out = []
-    base = tree.store / "sha256"
-    for d in sorted(base.iterdir()) if base.is_dir() else []:
-        if not d.is_dir():
-            continue
-        for f in sorted(d.iterdir()):
-            if f.name.startswith("."):
-                continue  # temp files: see _leftovers
-            digest = f.name.split(".")[0]
-            if verify_hashes:
-                actual, _ = store.sha256_file(f)
-                if actual != digest:
-                    out.append(Problem(2, _rel(tree, f), f"does not hash to its name (sha256 {actual})"))
-                    continue
-            mode = f.stat().st_mode
-            if mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
-                prob = Problem(2, _rel(tree, f), "store file is writable", "make it read-only")
-                if repair:
-                    os.chmod(f, stat.S_IMODE(mode) & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
-                    prob.repaired = True
-                out.append(prob)
+    for f in store.objects(tree):  # temp files are _leftovers' business
+        digest = f.name.split(".")[0]
+        if verify_hashes:
+            actual, _ = store.sha256_file(f)
+            if actual != digest:
+                out.append(Problem(2, _rel(tree, f), f"does not hash to its name (sha256 {actual})"))
+                continue
+        mode = f.stat().st_mode
+        if mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
+            prob = Problem(2, _rel(tree, f), "store file is writable", "make it read-only")
+            if repair:
+                os.chmod(f, stat.S_IMODE(mode) & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+                prob.repaired = True
+            out.append(prob)
     return out
 
 

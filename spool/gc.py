@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import store
 from .model import Manifest
 from .status import attempt_numbers, locate, read
 from .tree import Tree, fsync_dir, visible_names
@@ -72,25 +73,19 @@ def collect(tree: Tree, retention: float, *, dry_run: bool = False, grace: float
     report = Report()
     now = time.time()
     refs = referenced(tree)
-    base = tree.store / "sha256"
-    for d in sorted(base.iterdir()) if base.is_dir() else []:
-        if not d.is_dir():
+    for f in store.objects(tree):
+        rel = tree.relative(f)
+        if rel in refs:
+            report.kept_referenced += 1
             continue
-        for f in sorted(d.iterdir()):
-            if f.name.startswith("."):
-                continue
-            rel = tree.relative(f)
-            if rel in refs:
-                report.kept_referenced += 1
-                continue
-            st = f.stat()
-            if now - st.st_ctime < grace:
-                continue
-            report.objects.append(rel)
-            report.object_bytes += st.st_size
-            if not dry_run:
-                f.unlink()
-                fsync_dir(d)
+        st = f.stat()
+        if now - st.st_ctime < grace:
+            continue
+        report.objects.append(rel)
+        report.object_bytes += st.st_size
+        if not dry_run:
+            f.unlink()
+            fsync_dir(f.parent)
     if tree.attempts.is_dir():
         for jdir in sorted(tree.attempts.iterdir()):
             loc = None

@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,6 +104,14 @@ def _copy_verified(src: Path, final: Path, digest: str) -> None:
             pass
         raise
     fsync_dir(final.parent)
+
+
+def objects(tree: Tree) -> Iterator[Path]:
+    """Every published object in the store (temp files of publishes in flight skipped)."""
+    base = tree.store / "sha256"
+    for d in sorted(base.iterdir()) if base.is_dir() else []:
+        if d.is_dir():
+            yield from (f for f in sorted(d.iterdir()) if not f.name.startswith("."))
 
 
 def published_file(tree: Tree, stored: Stored, file: str, container: str) -> PublishedFile:

@@ -44,6 +44,15 @@ def load_config(tree: Tree) -> Config:
     return cfg
 
 
+def open_spool(spool: Path | None, as_json: bool) -> tuple[Tree, Config]:
+    """The spool and its config, or the command ends with one clear error."""
+    try:
+        tree = open_tree(spool)
+        return tree, load_config(tree)
+    except SpoolError as exc:
+        raise fail(exc, as_json) from None
+
+
 def open_tree(spool: Path | None) -> Tree:
     if spool is None:
         here = Tree.at(Path.cwd())

@@ -13,18 +13,15 @@ from ..decoding import parse_json
 from ..errors import InvalidInput, SpoolError
 from ..events import Journal, cli_writer
 from ..tree import Tree
-from .common import JsonOpt, SpoolOpt, app, fail, load_config, open_tree, print_json
+from .common import JsonOpt, SpoolOpt, app, fail, open_spool, open_tree, print_json
 
 JobArg = Annotated[str, typer.Argument(help="Job ID (name@revision).")]
 ByOpt = Annotated[str | None, typer.Option("--by", help="Who does this (default: your user name).")]
 
 
 def _journal(spool: Path | None, as_json: bool) -> tuple[Tree, Config, Journal]:
-    try:
-        tree = open_tree(spool)
-        return tree, load_config(tree), Journal(tree, cli_writer())
-    except SpoolError as exc:
-        raise fail(exc, as_json) from None
+    tree, cfg = open_spool(spool, as_json)
+    return tree, cfg, Journal(tree, cli_writer())
 
 
 @app.command("retry")

@@ -18,19 +18,9 @@ import typer
 from rich.console import Console
 
 from .. import eventlog, overview, status
-from ..config import Config
 from ..errors import InvalidInput, NotFound, SpoolError
-from ..tree import Tree
 from . import views
-from .common import JsonOpt, SpoolOpt, app, fail, load_config, open_tree, print_json
-
-
-def _open(spool: SpoolOpt, as_json: bool) -> tuple[Tree, Config]:
-    try:
-        tree = open_tree(spool)
-        return tree, load_config(tree)
-    except SpoolError as exc:
-        raise fail(exc, as_json) from None
+from .common import JsonOpt, SpoolOpt, app, fail, open_spool, open_tree, print_json
 
 
 def _console() -> Console:
@@ -43,7 +33,7 @@ def _console() -> Console:
 @app.command("status")
 def status_cmd(spool: SpoolOpt = None, as_json: JsonOpt = False) -> None:
     """What is waiting, what is running, what needs attention, and the workers."""
-    tree, cfg = _open(spool, as_json)
+    tree, cfg = open_spool(spool, as_json)
     ov = overview.overview(tree, cfg)
     if as_json:
         print_json(ov)
@@ -61,7 +51,7 @@ def watch(
     """``spool status``, redrawn live from the filesystem until Ctrl-C."""
     from rich.live import Live
 
-    tree, cfg = _open(spool, False)
+    tree, cfg = open_spool(spool, False)
     console = Console(highlight=False)
     try:
         with Live(console=console, screen=console.is_terminal, auto_refresh=False) as live:
@@ -250,7 +240,7 @@ def metrics_cmd(
     """The Prometheus metrics the workers wrote, merged into one exposition."""
     from .. import metrics  # imported here: other commands start faster without it
 
-    tree, cfg = _open(spool, as_json)
+    tree, cfg = open_spool(spool, as_json)
     folder = metrics.folder(tree, cfg)
     if folder is None:
         raise fail(
@@ -282,7 +272,7 @@ def serve(
     """Serve the read-only status page and its JSON until Ctrl-C."""
     from .. import web
 
-    tree, cfg = _open(spool, False)
+    tree, cfg = open_spool(spool, False)
     try:
         host, port = web.parse_bind(bind or cfg.observe.bind)
     except ValueError as exc:

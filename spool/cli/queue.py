@@ -13,7 +13,7 @@ import typer
 from ..errors import EXIT_INVALID, InvalidInput, SpoolError
 from ..events import Journal, cli_writer
 from ..tree import Tree, write_atomic
-from .common import JsonOpt, SpoolOpt, app, fail, load_config, open_tree, print_json
+from .common import JsonOpt, SpoolOpt, app, fail, load_config, open_spool, print_json
 
 # -- commands --------------------------------------------------------------------------
 
@@ -70,11 +70,7 @@ def submit(
     """Accept submissions (prints each job ID) or reject them (exit 2 with the reason)."""
     from .. import accept
 
-    try:
-        tree = open_tree(spool)
-        cfg = load_config(tree)
-    except SpoolError as exc:
-        raise fail(exc, as_json) from None
+    tree, cfg = open_spool(spool, as_json)
     journal = Journal(tree, cli_writer())
     user = getpass.getuser()
     results: list[dict[str, Any]] = []

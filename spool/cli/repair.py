@@ -10,7 +10,7 @@ from ..errors import EXIT_ERROR, NotFound, SpoolError
 from ..events import Journal
 from ..model import Job, Manifest
 from ..tree import HOST
-from .common import JsonOpt, SpoolOpt, app, fail, load_config, open_tree, print_json
+from .common import JsonOpt, SpoolOpt, app, fail, open_spool, print_json
 
 #: The identity ``spool recover`` acts under while it holds recovered jobs.
 RECOVERER = f"{HOST}-recover"
@@ -35,11 +35,7 @@ def recover_cmd(
     from ..execute import Context
     from ..workers import Identity
 
-    try:
-        tree = open_tree(spool)
-        cfg = load_config(tree)
-    except SpoolError as exc:
-        raise fail(exc, as_json) from None
+    tree, cfg = open_spool(spool, as_json)
     ident = Identity(tree, RECOVERER)
     if not dry_run:
         try:
@@ -102,11 +98,7 @@ def fsck_cmd(
     """Check every invariant over the whole tree; repair what has one repair; exit 0 only when clean."""
     from .. import fsck
 
-    try:
-        tree = open_tree(spool)
-        cfg = load_config(tree)
-    except SpoolError as exc:
-        raise fail(exc, as_json) from None
+    tree, cfg = open_spool(spool, as_json)
     problems = fsck.check(
         tree, repair=not no_repair, stale_after=cfg.recovery.stale_after, verify_hashes=not quick
     )
@@ -134,11 +126,7 @@ def gc_cmd(
     """Remove unreferenced store objects and old attempts' work folders (never what a manifest names)."""
     from .. import gc
 
-    try:
-        tree = open_tree(spool)
-        cfg = load_config(tree)
-    except SpoolError as exc:
-        raise fail(exc, as_json) from None
+    tree, cfg = open_spool(spool, as_json)
     rep = gc.collect(tree, cfg.recovery.work_retention, dry_run=dry_run)
     if as_json:
         print_json({"dry_run": dry_run, **rep.__dict__})
@@ -164,11 +152,7 @@ def verify_cmd(
     from .. import status, store
     from ..execute import check_candidate
 
-    try:
-        tree = open_tree(spool)
-        cfg = load_config(tree)
-    except SpoolError as exc:
-        raise fail(exc, as_json) from None
+    tree, cfg = open_spool(spool, as_json)
     ids = job or sorted(j for j, _ in status.job_ids(tree, "complete"))
     rows = []
     for jid in ids:
