@@ -123,8 +123,11 @@ def check(root: Path, *, settled: bool = True) -> list[str]:
             if not (adir / str(n) / "attempt.json").is_file():
                 problems.append(f"invariant 4: {jid} attempt {n} has no attempt.json")
             result = adir / str(n) / "result.json"
-            if job is not None and result.is_file():
-                r = json.loads(result.read_text())
+            try:
+                r = json.loads(result.read_text()) if job is not None and result.is_file() else None
+            except ValueError:
+                r = None  # staged without fsync; a power cut may leave it empty (recovery knows)
+            if job is not None and r is not None:
                 if r["recipe_hash"] != job["recipe_hash"]:
                     problems.append(f"invariant 5: {jid} attempt {n} rendered a different recipe")
                 srcs = {s["role"]: s["sha256"] for s in job["sources"]}
