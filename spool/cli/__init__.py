@@ -17,7 +17,13 @@ import typer
 
 from .. import secrets
 from ..errors import SpoolError
-from . import doctor, intent, observe, queue, repair  # noqa: F401  (importing registers the commands)
+
+# Importing a group registers its commands; the order is the order of `spool --help`.
+from . import queue  # noqa: F401  # isort: skip
+from . import observe  # noqa: F401  # isort: skip
+from . import intent  # noqa: F401  # isort: skip
+from . import repair  # noqa: F401  # isort: skip
+from . import doctor  # noqa: F401  # isort: skip
 from .common import app
 
 __all__ = ["app", "main"]
