@@ -48,7 +48,7 @@ def watch(
     ] = 1.0,
     spool: SpoolOpt = None,
 ) -> None:
-    """``spool status``, redrawn live from the filesystem until Ctrl-C."""
+    """`spool status`, redrawn live from the filesystem until Ctrl-C."""
     from rich.live import Live
 
     tree, cfg = open_spool(spool, False)
