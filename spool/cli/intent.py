@@ -24,17 +24,27 @@ def _journal(spool: Path | None, as_json: bool) -> tuple[Tree, Config, Journal]:
     return tree, cfg, Journal(tree, cli_writer())
 
 
-@app.command("retry")
-def retry_cmd(job: JobArg, by: ByOpt = None, spool: SpoolOpt = None, as_json: JsonOpt = False) -> None:
-    """Send a failed job back to pending: same job file and recipe, a new attempt."""
+def _move(
+    action: str, job: str, by: str | None, spool: Path | None, as_json: bool, state: str, said: str
+) -> None:
+    """retry, hold and release: one intent function moving one job, one line of output."""
     from .. import intent  # here: spool starts faster without it
 
     tree, _, journal = _journal(spool, as_json)
     try:
-        intent.retry_job(tree, job, by or getpass.getuser(), journal)
+        getattr(intent, action)(tree, job, by or getpass.getuser(), journal)
     except SpoolError as exc:
         raise fail(exc, as_json) from None
-    print_json({"job_id": job, "state": "pending"}) if as_json else typer.echo(f"{job}: pending (retry)")
+    if as_json:
+        print_json({"job_id": job, "state": state})
+    else:
+        typer.echo(f"{job}: {said}")
+
+
+@app.command("retry")
+def retry_cmd(job: JobArg, by: ByOpt = None, spool: SpoolOpt = None, as_json: JsonOpt = False) -> None:
+    """Send a failed job back to pending: same job file and recipe, a new attempt."""
+    _move("retry_job", job, by, spool, as_json, "pending", "pending (retry)")
 
 
 @app.command()
@@ -126,24 +136,10 @@ def approve(
 @app.command()
 def hold(job: JobArg, by: ByOpt = None, spool: SpoolOpt = None, as_json: JsonOpt = False) -> None:
     """Set a pending job aside in held/ (no worker claims it) until released."""
-    from .. import intent  # here: spool starts faster without it
-
-    tree, _, journal = _journal(spool, as_json)
-    try:
-        intent.hold(tree, job, by or getpass.getuser(), journal)
-    except SpoolError as exc:
-        raise fail(exc, as_json) from None
-    print_json({"job_id": job, "state": "held"}) if as_json else typer.echo(f"{job}: held")
+    _move("hold", job, by, spool, as_json, "held", "held")
 
 
 @app.command()
 def release(job: JobArg, by: ByOpt = None, spool: SpoolOpt = None, as_json: JsonOpt = False) -> None:
     """Return a held job to pending."""
-    from .. import intent  # here: spool starts faster without it
-
-    tree, _, journal = _journal(spool, as_json)
-    try:
-        intent.release(tree, job, by or getpass.getuser(), journal)
-    except SpoolError as exc:
-        raise fail(exc, as_json) from None
-    print_json({"job_id": job, "state": "pending"}) if as_json else typer.echo(f"{job}: pending (released)")
+    _move("release", job, by, spool, as_json, "pending", "pending (released)")
