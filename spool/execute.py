@@ -451,35 +451,20 @@ def _fail(ctx: Context, job: Job, attempt: Attempt, f: _Failed) -> str:
         Failure(job_id=job.job_id, attempt=attempt.n, worker=ctx.worker, failed_at=now(), **f.fields)
     )
     write_failure(attempt, failure)
+    what = f"{failure.stage}: {failure.property}"
     if failure.retryable and retry.may_retry(ctx.tree, job.job_id, ctx.cfg.limits.max_attempts):
-        what = f"{failure.stage}: {failure.property}"
         wait = retry.schedule(ctx.tree, job.job_id, ctx.cfg.recovery, attempt.n, what)
-        if not claim.move(ctx.tree, ctx.worker, job.job_id, "pending"):
-            return _lost(ctx, job.job_id, attempt, "the job was taken away before it could be retried")
-        ctx.journal.record(
-            job.job_id,
-            "pending",
-            from_="running",
-            attempt=attempt.n,
-            reason=f"retry in {wait:.0f} s after {what}: {failure.message}",
-            stage=failure.stage,
-            property=failure.property,
-        )
-        log.warning("%s: attempt %d failed (%s), retrying in %.0f s", job.job_id, attempt.n, what, wait)
-        return "retry"
-    if not claim.move(ctx.tree, ctx.worker, job.job_id, "failed"):
-        return _lost(ctx, job.job_id, attempt, "the job was taken away before it could be marked failed")
+        to, outcome, reason = "pending", "retry", f"retry in {wait:.0f} s after {what}: {failure.message}"
+    else:
+        to, outcome, reason = "failed", "failed", f"{what}: {failure.message}"
+    if not claim.move(ctx.tree, ctx.worker, job.job_id, to):
+        return _lost(ctx, job.job_id, attempt, f"the job was taken away before it could move to {to}/")
     ctx.journal.record(
-        job.job_id,
-        "failed",
-        from_="running",
-        attempt=attempt.n,
-        reason=f"{failure.stage}: {failure.property}: {failure.message}",
-        stage=failure.stage,
-        property=failure.property,
-    )
-    log.warning("%s: failed at %s (%s): %s", job.job_id, failure.stage, failure.property, failure.message)
-    return "failed"
+        job.job_id, to, from_="running", attempt=attempt.n, reason=reason,
+        stage=failure.stage, property=failure.property,
+    )  # fmt: skip
+    log.warning("%s: attempt %d %s (%s)", job.job_id, attempt.n, outcome, reason)
+    return outcome
 
 
 def _interrupt(ctx: Context, job_id: str, attempt: Attempt, reason: str) -> str:
