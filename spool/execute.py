@@ -463,7 +463,10 @@ def _fail(ctx: Context, job: Job, attempt: Attempt, f: _Failed) -> str:
         job.job_id, to, from_="running", attempt=attempt.n, reason=reason,
         stage=failure.stage, property=failure.property,
     )  # fmt: skip
-    log.warning("%s: attempt %d %s (%s)", job.job_id, attempt.n, outcome, reason)
+    if outcome == "retry":
+        log.warning("%s: attempt %d failed (%s), %s", job.job_id, attempt.n, what, reason.split(" after ")[0])
+    else:
+        log.warning("%s: failed at %s (%s): %s", job.job_id, failure.stage, failure.property, failure.message)
     return outcome
 
 
