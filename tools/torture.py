@@ -41,7 +41,7 @@ from pathlib import Path
 
 import invariants
 
-from spool import samples
+from spool import samples, settings
 from spool.faults import POINTS
 
 BIN = Path(sys.executable).parent
@@ -155,16 +155,14 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     subprocess.run(
         [spoolcmd, "init", str(spool), "--asset-root", str(assets)], check=True, stdout=subprocess.DEVNULL
     )
-    cfg = (spool / "spool.toml").read_text()
-    for old, new in (
-        ("poll_interval = 2.0", "poll_interval = 0.2"),
-        ("heartbeat_interval = 5.0", "heartbeat_interval = 0.5"),
-        ("max_attempts = 3", f"max_attempts = {args.max_attempts}"),
-        ("backoff = 10.0", "backoff = 0.2"),
-        ("backoff_max = 600.0", "backoff_max = 2.0"),
-    ):
-        cfg = cfg.replace(old, new)
-    (spool / "spool.toml").write_text(cfg)
+    settings.write(
+        spool / "spool.toml",
+        {
+            "daemon": {"poll_interval": 0.2, "heartbeat_interval": 0.5},
+            "limits": {"max_attempts": args.max_attempts},
+            "recovery": {"backoff": 0.2, "backoff_max": 2.0},
+        },
+    )
 
     ids = []
     for i in range(args.jobs):

@@ -154,6 +154,8 @@ class SpoolRun:
 
 class Bench:
     def __init__(self, base: Path, spec: Spec, src: dict[str, Path]) -> None:
+        from spool import config
+
         self.base = base
         self.spec = spec
         self.src = src
@@ -168,10 +170,7 @@ class Bench:
         self.n = 0
         self.argv: list[str] = []
         self.labels: dict[str, bytes] = {}
-        cfg = (self.spools["sampled"] / "spool.toml").read_text()
-        self.nice = int(
-            next(ln.split("=")[1].split("#")[0] for ln in cfg.splitlines() if ln.startswith("nice"))
-        )
+        self.nice = config.load(self.spools["sampled"] / "spool.toml").limits.nice
 
     def spool(self, mode: str) -> SpoolRun:
         root = self.spools[mode]
