@@ -96,8 +96,7 @@ def test_doctor_on_local_disk_chooses_link_and_inotify(tmp_path):
     assert (report.publish.value, report.watch.value) == ("link", "inotify")
     assert not report.publish.pinned and not report.watch.pinned
     # probe files are gone afterwards; nothing else in the spool changed
-    assert _snapshot(tree.root) - before <= {".doctor"}
-    assert list((tree.root / ".doctor").iterdir()) == []
+    assert _snapshot(tree.root) == before
 
 
 def _tmpfs_dir(tmp_path: Path) -> Path:
@@ -204,7 +203,21 @@ def test_cli_peer_must_show_the_same_spool(tree, tmp_path):
     proc = run_cli("doctor", "--peer", str(other.root), "--lag-timeout", "0.5", "--json", spool=tree)
     assert proc.returncode == 2
     assert "not show this spool's files" in json.loads(proc.stdout)["error"]
-    assert list((tree.root / ".doctor").iterdir()) == []
+    assert not (tree.root / ".doctor").exists()
+
+
+def test_doctor_leaves_no_doctor_folder_behind(tree):
+    before = _snapshot(tree.root)
+    run_cli("doctor", "--quick", spool=tree, check=True)
+    assert not (tree.root / ".doctor").exists()
+    assert _snapshot(tree.root) == before
+
+
+def test_a_lab_still_in_use_keeps_the_doctor_folder(tree):
+    other = tree.root / ".doctor" / "elsewhere.4242.abcdef"  # another host's doctor, mid-probe
+    other.mkdir(parents=True)
+    doctor.run(tree, config.load(tree.config_file), quick=True)
+    assert [p.name for p in (tree.root / ".doctor").iterdir()] == [other.name]
 
 
 # -- the daemon applies the choices -------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
@@ -25,7 +26,14 @@ class Lab:
         self._n = 0
 
     def __enter__(self) -> Lab:
-        make_dirs(self.dir)
+        for _ in range(5):
+            try:
+                make_dirs(self.dir)
+                break
+            except FileNotFoundError:
+                continue  # another doctor removed the empty .doctor/ between our two mkdirs
+        else:
+            make_dirs(self.dir)
         self._sweep()
         return self
 
@@ -39,6 +47,9 @@ class Lab:
 
     def __exit__(self, *exc: object) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
+        # .doctor/ goes too once no lab is left in it (another doctor's lab keeps it).
+        with contextlib.suppress(OSError):
+            os.rmdir(self.dir.parent)
 
     def fresh(self, stem: str) -> Path:
         """A new name in the lab (nothing exists there yet)."""
