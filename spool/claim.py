@@ -15,7 +15,6 @@ for a worker whose job was taken away.
 from __future__ import annotations
 
 import bisect
-import os
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -25,7 +24,7 @@ import msgspec
 
 from . import retry
 from .model import Record
-from .tree import Tree, fsync_dir, make_dirs, visible_names
+from .tree import Tree, transfer, visible_names
 
 
 class _Order(Record, kw_only=True):
@@ -140,10 +139,6 @@ class PendingIndex:
         """When the longest-waiting pending job was submitted (epoch seconds)."""
         return min((k.submitted for k in self._keys.values()), default=None)
 
-    def next_due(self) -> float | None:
-        """When the earliest delayed job becomes claimable (epoch seconds)."""
-        return min(self._delayed.values(), default=None)
-
     def discard(self, jid: str) -> None:
         if self._keys.pop(jid, None) is not None:
             self._stale += 1
@@ -155,47 +150,12 @@ class PendingIndex:
 def claim(tree: Tree, worker: str, job_id: str) -> bool:
     """Try to take ``job_id`` for ``worker``; ``True`` only if it is now ours.
 
-    Durable on return: both folders are fsynced after a successful rename.
+    One :func:`~spool.tree.transfer` (the rename with its lost-reply check);
+    durable on return.
     """
-    src = tree.job_file("pending", job_id)
-    dst = tree.job_file("running", job_id, worker)
-    try:
-        os.rename(src, dst)
-    except OSError:
-        if not dst.parent.is_dir():
-            make_dirs(dst.parent)  # first claim of this worker
-            return claim(tree, worker, job_id)
-        # Any errno may hide a lost reply on a network mount (nas.md section 4).
-        if not _landed(dst):
-            return False
-    fsync_dir(dst.parent)
-    fsync_dir(src.parent)
-    return True
-
-
-def _landed(dst: os.PathLike[str]) -> bool:
-    return os.path.exists(dst)
+    return transfer(tree.job_file("pending", job_id), tree.job_file("running", job_id, worker))
 
 
 def owns(tree: Tree, worker: str, job_id: str) -> bool:
     """The fencing check: is the job file still in this worker's running folder?"""
     return tree.job_file("running", job_id, worker).exists()
-
-
-def move(tree: Tree, worker: str, job_id: str, to_state: str) -> bool:
-    """Move an owned running job to ``to_state`` (complete, failed, pending).
-
-    Returns ``False`` if the job was no longer ours (the rename found nothing
-    and the destination does not hold it either): the caller lost ownership.
-    """
-    src = tree.job_file("running", job_id, worker)
-    dst = tree.job_file(to_state, job_id)
-    try:
-        os.rename(src, dst)
-    except OSError:
-        # Lost reply check: it moved if it is at dst and no longer at src.
-        if not (dst.exists() and not src.exists()):
-            return False
-    fsync_dir(dst.parent)
-    fsync_dir(src.parent)
-    return True

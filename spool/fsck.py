@@ -31,9 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import liveness, store
-from .model import Failure, Manifest, WorkerRecord, encode
+from .model import Failure, Manifest, WorkerRecord
+from .publish import install_manifest
 from .status import Location, attempt_numbers, locate_all, read, running_workers
-from .tree import FLAT_STATES, Tree, fsync_dir, visible_names, write_atomic, writer_gone
+from .tree import FLAT_STATES, Tree, fsync_dir, visible_names, writer_gone
 
 
 @dataclass
@@ -134,7 +135,7 @@ def _complete_has_manifest(tree: Tree, jid: str, repair: bool, verify_hashes: bo
         if staged is not None and store.verify(tree, staged) is None:
             prob.repair = f"install the verified result of attempt {n} as the manifest"
             if repair:
-                write_atomic(mpath, encode(staged), mode=0o444)
+                install_manifest(tree, staged)
                 prob.repaired = True
             return prob
     return prob

@@ -10,12 +10,14 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import msgspec
+from .model import AttemptRecord, Failure, Manifest, Progress, Rejection, WorkerRecord
+from .records import read
+from .tree import FLAT_STATES, Tree, visible_names
 
-from .model import AttemptRecord, Failure, Job, Manifest, Progress, Rejection, WorkerRecord, decode
-from .tree import FLAT_STATES, READ_RETRY_PAUSES, Tree, read_retrying, visible_names
+if TYPE_CHECKING:
+    from .kinds import Job
 
 
 @dataclass(frozen=True)
@@ -80,33 +82,9 @@ def counts(tree: Tree) -> dict[str, int]:
     return {k: out[k] for k in keys}
 
 
-def read(path: Path, typ: type[Any], *, replaced: bool = False) -> Any:
-    """A record, or ``None`` if the file is missing or unreadable (never raises).
-
-    Records may be written by another host, and some are replaced while we read
-    (heartbeats, progress). Transient NAS errnos are retried (``read_retrying``),
-    and so is a read that decodes as truncated JSON: a FUSE client that cached
-    the old file's size can hand out a short read of the new one for a moment
-    (measured on sshfs: the next read is whole). ``replaced=True`` marks a file
-    that is rewritten in place, where a missing file is retried too: sshfs
-    answers ENOENT to a reader on the writer's own mount while it replaces it.
-    """
-    for pause in (*READ_RETRY_PAUSES, None):
-        try:
-            return decode(read_retrying(path), typ)
-        except FileNotFoundError:
-            if pause is None or not replaced:
-                return None
-        except OSError:
-            return None
-        except msgspec.DecodeError as exc:
-            if pause is None or "truncated" not in str(exc):
-                return None
-        time.sleep(pause)
-    return None
-
-
 def load_job(tree: Tree, job_id: str) -> tuple[Job, Location] | None:
+    from .kinds import Job  # the kinds bring the render machinery: only when a job is read
+
     loc = locate(tree, job_id)
     if loc is None:
         return None
@@ -115,11 +93,7 @@ def load_job(tree: Tree, job_id: str) -> tuple[Job, Location] | None:
 
 
 def attempt_numbers(tree: Tree, job_id: str) -> list[int]:
-    try:
-        with os.scandir(tree.job_attempts(job_id)) as it:
-            return sorted(int(e.name) for e in it if e.name.isdigit())
-    except FileNotFoundError:
-        return []
+    return tree.attempt_numbers(job_id)
 
 
 def attempt_summary(tree: Tree, job_id: str, n: int) -> dict[str, Any]:

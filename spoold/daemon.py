@@ -144,7 +144,7 @@ class Daemon:
             report.watch.value,
             report.watch.why,
         )
-        self.ctx.publish = "copy" if report.publish.value == "copy" else "link"
+        self.ctx.publish_by = "copy" if report.publish.value == "copy" else "link"
         return report.watch.value
 
     def _step(self) -> bool:
