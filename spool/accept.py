@@ -30,7 +30,7 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 
@@ -39,7 +39,6 @@ from .config import Config
 from .decoding import convert, parse_json
 from .errors import InvalidInput
 from .events import Journal
-from .kinds import Job
 from .model import (
     Expect,
     Rejection,
@@ -50,6 +49,9 @@ from .model import (
 from .secrets import redact
 from .status import load_job, locate, read
 from .tree import Tree, fsync_dir, is_visible, rename_durable, write_atomic
+
+if TYPE_CHECKING:
+    from .kinds import Job
 
 log = logging.getLogger("spool.accept")
 

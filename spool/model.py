@@ -16,8 +16,6 @@ import msgspec
 
 T = TypeVar("T")
 
-#: ``name`` of a job: lower-case, starts alphanumeric, at most 96 characters.
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,95}$")
 #: ``<name>@<revision>``
 JOB_ID_RE = re.compile(r"^(?P<name>[a-z0-9][a-z0-9._-]{0,95})@(?P<rev>[1-9][0-9]{0,8})$")
 
@@ -33,13 +31,6 @@ def now() -> datetime:
 
 def job_id(name: str, revision: int) -> str:
     return f"{name}@{revision}"
-
-
-def split_job_id(jid: str) -> tuple[str, int]:
-    m = JOB_ID_RE.match(jid)
-    if not m:
-        raise ValueError(f"{jid!r} is not a job ID of the form name@revision")
-    return m.group("name"), int(m.group("rev"))
 
 
 class Record(msgspec.Struct, kw_only=True):

@@ -7,12 +7,11 @@ stay fast on a spool of 100,000 jobs; only what is shown gets parsed.
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .model import AttemptRecord, Failure, Manifest, Progress, Rejection, WorkerRecord
+from .model import AttemptRecord, Failure, Manifest, Progress, WorkerRecord
 from .records import read
 from .tree import FLAT_STATES, Tree, visible_names
 
@@ -159,88 +158,3 @@ def progress_of(tree: Tree, job_id: str) -> Progress | None:
         return None
     p: Progress | None = read(tree.attempt_dir(job_id, nums[-1]) / "progress.json", Progress)
     return p
-
-
-def report(tree: Tree, attention_limit: int = 10) -> dict[str, Any]:
-    """The facts ``spool status`` (and the status page) show: directory scans,
-    parsing only what is shown."""
-    state_counts = counts(tree)
-    running = [
-        {"job_id": jid, "worker": w, "progress": progress_of(tree, jid)}
-        for jid, w in job_ids(tree, "running")
-    ]
-    failed = []
-    for jid in _newest(tree.failed, attention_limit):
-        info = show(tree, jid)
-        f = info["failure"] if info else None
-        failed.append(
-            {
-                "job_id": jid,
-                "stage": f.stage if f else "unknown",
-                "property": f.property if f else "unknown",
-                "message": f.message if f else "no failure record found",
-                "next_action": f.next_action if f else "Run spool fsck.",
-            }
-        )
-    rejected = []
-    for name in _newest(tree.rejected, attention_limit, suffix=".error.json"):
-        rec = read(tree.rejected / f"{name}.error.json", Rejection)
-        if rec is not None:
-            rejected.append({"name": name, "file": rec.file, "reason": rec.reason, "at": rec.rejected_at})
-    worker_rows = [
-        {
-            "worker": w.worker,
-            "host": w.host,
-            "state": w.state,
-            "active": len(w.active),
-            "max_active": w.max_active,
-            "heartbeat_age": round(time.time() - w.heartbeat_at.timestamp(), 1),
-        }
-        for w in workers(tree)
-    ]
-    return {
-        "spool": str(tree.root),
-        "counts": state_counts,
-        "oldest_pending_age": _oldest_age(tree.pending),
-        "running": running,
-        "failed": failed,
-        "rejected": rejected,
-        "workers": worker_rows,
-    }
-
-
-def _newest(folder: Path, limit: int, suffix: str = ".json") -> list[str]:
-    """Names (without suffix) of the newest files in a folder, newest first."""
-    entries = []
-    try:
-        with os.scandir(folder) as it:
-            for e in it:
-                if (
-                    e.name.endswith(suffix)
-                    and not e.name.startswith(".")
-                    and (suffix != ".json" or not e.name.endswith(".error.json"))
-                ):
-                    try:
-                        entries.append((e.stat().st_mtime, e.name[: -len(suffix)]))
-                    except FileNotFoundError:
-                        continue
-    except FileNotFoundError:
-        return []
-    entries.sort(reverse=True)
-    return [n for _, n in entries[:limit]]
-
-
-def _oldest_age(folder: Path) -> float | None:
-    oldest = None
-    try:
-        with os.scandir(folder) as it:
-            for e in it:
-                if e.name.endswith(".json") and not e.name.startswith("."):
-                    try:
-                        m = e.stat().st_mtime
-                    except FileNotFoundError:
-                        continue
-                    oldest = m if oldest is None else min(oldest, m)
-    except FileNotFoundError:
-        return None
-    return None if oldest is None else round(max(0.0, time.time() - oldest), 1)
