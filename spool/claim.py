@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import msgspec
 
-from . import retry
+from . import kinds, pools, retry
 from .model import Record
 from .tree import Tree, transfer, visible_names
 
@@ -33,6 +33,7 @@ class _Order(Record, kw_only=True):
     priority: int = 0
     submitted_at: datetime | None = None
     estimate_bytes: int = 0
+    operation: str = "render"
 
 
 class _Key(NamedTuple):
@@ -67,6 +68,8 @@ class PendingIndex:
         self._estimate: dict[str, int] = {}
         #: job IDs whose retry delay has been looked up since they entered pending/
         self._checked: set[str] = set()
+        #: job ID -> resource pool, for jobs outside the render pool (few; saves memory)
+        self._pool: dict[str, str] = {}
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -108,7 +111,15 @@ class PendingIndex:
         ts = order.submitted_at.timestamp() if order.submitted_at else 0.0
         if order.estimate_bytes:
             self._estimate[jid] = order.estimate_bytes
+        kind = kinds.KINDS.get(order.operation)
+        pool = kind.pool(data) if kind is not None else pools.RENDER  # claiming judges the rest
+        if pool != pools.RENDER:
+            self._pool[jid] = pool
         return _Key(-order.priority, ts, jid)
+
+    def pool(self, jid: str) -> str:
+        """The resource pool the job's attempt will draw from."""
+        return self._pool.get(jid, pools.RENDER)
 
     def estimate(self, jid: str) -> int:
         """Bytes of temporary disk the job's render may need (0 if unknown)."""
@@ -144,6 +155,7 @@ class PendingIndex:
             self._stale += 1
         self._delayed.pop(jid, None)
         self._estimate.pop(jid, None)
+        self._pool.pop(jid, None)
         self._checked.discard(jid)
 
 

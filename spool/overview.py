@@ -300,6 +300,7 @@ def worker_rows(tree: Tree, cfg: Config, now: float, running: list[dict[str, Any
                 "reason": h.reason,
                 "active": len(rec.active),
                 "max_active": rec.max_active,
+                "pools": {p: {"active": u.active, "capacity": u.capacity} for p, u in rec.pools.items()},
                 "jobs": jobs.get(rec.worker, 0),
                 "disk_used": disk.get(rec.worker, 0),
                 "disk_limit": rec.temp_disk_limit,

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
+from .. import pools
 from ..model import JobBase, ValidationReport, canonical_json
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
 J = TypeVar("J", bound=JobBase)
 
 #: The pool FFmpeg work draws from; its size is ``[limits] max_active``.
-RENDER_POOL = "render"
+RENDER_POOL = pools.RENDER
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,14 @@ class Kind(abc.ABC, Generic[J]):
     #: Whether poster frames of its outputs make sense (not for a text file).
     poster_frames: ClassVar[bool] = True
 
-    def pool(self, job: J) -> str:
-        """The resource pool an attempt of ``job`` draws from."""
+    def pool(self, data: bytes) -> str:
+        """The resource pool an attempt of a job of this kind draws from.
+
+        Given the job file's raw bytes, because the daemon decides before it
+        claims, from the pending index, which decodes only what ordering needs;
+        a kind whose pool depends on the job (a provider per generation) reads
+        just that field.
+        """
         return RENDER_POOL
 
     @abc.abstractmethod
