@@ -15,6 +15,7 @@ for a worker whose job was taken away.
 from __future__ import annotations
 
 import bisect
+import errno
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -24,7 +25,7 @@ import msgspec
 
 from . import kinds, pools, retry
 from .model import Record
-from .tree import Tree, transfer, visible_names
+from .tree import NotRegular, Tree, read_regular, transfer, visible_names
 
 
 class _Order(Record, kw_only=True):
@@ -68,6 +69,8 @@ class PendingIndex:
         self._estimate: dict[str, int] = {}
         #: job IDs whose retry delay has been looked up since they entered pending/
         self._checked: set[str] = set()
+        #: names in pending/ that cannot be a job file (see take_damaged)
+        self._damaged: set[str] = set()
         #: job ID -> resource pool, for jobs outside the render pool (few; saves memory)
         self._pool: dict[str, str] = {}
 
@@ -104,10 +107,15 @@ class PendingIndex:
 
     def _read_key(self, jid: str) -> _Key | None:
         try:
-            data = self.tree.job_file("pending", jid).read_bytes()
+            data = read_regular(self.tree.job_file("pending", jid))
             order = msgspec.json.decode(data, type=_Order)
-        except (OSError, msgspec.DecodeError, msgspec.ValidationError):
-            return None  # gone already, or not a job file: claiming will tell
+        except (NotRegular, msgspec.DecodeError, msgspec.ValidationError):
+            self._damaged.add(jid)  # never claimable: the daemon quarantines it
+            return None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # a symbolic link (O_NOFOLLOW)
+                self._damaged.add(jid)
+            return None  # gone already, or a NAS hiccup: the next scan tells
         ts = order.submitted_at.timestamp() if order.submitted_at else 0.0
         if order.estimate_bytes:
             self._estimate[jid] = order.estimate_bytes
@@ -116,6 +124,12 @@ class PendingIndex:
         if pool != pools.RENDER:
             self._pool[jid] = pool
         return _Key(-order.priority, ts, jid)
+
+    def take_damaged(self) -> list[str]:
+        """Names in ``pending/`` that can never be a job (unparseable, not a regular
+        file); each is reported once, for the daemon to quarantine."""
+        out, self._damaged = sorted(self._damaged), set()
+        return out
 
     def pool(self, jid: str) -> str:
         """The resource pool the job's attempt will draw from."""

@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 
-from . import intent, kinds, retry
+from . import intent, kinds, quarantine, retry
 from .attempt import Attempt, open_attempt, write_failure
 from .context import Context
 from .errors import Failed, Interrupted, LostOwnership
@@ -41,10 +41,15 @@ log = logging.getLogger("spool.execute")
 
 
 def execute(ctx: Context, job_id: str) -> str:
-    """Run a job this worker has just claimed. Returns the outcome:
-    ``complete``, ``failed``, ``retry``, ``interrupted`` or ``lost`` (ownership lost)."""
+    """Run a job this worker has just claimed. Returns the outcome: ``complete``,
+    ``failed``, ``retry``, ``interrupted``, ``lost`` (ownership lost) or
+    ``quarantined`` (the job file is damaged or was edited: never run)."""
     tree = ctx.tree
-    job = kinds.decode_job(tree.job_file("running", job_id, ctx.worker).read_bytes())
+    path = tree.job_file("running", job_id, ctx.worker)
+    try:
+        job = quarantine.load(path)  # integrity first: an edited job file is never run
+    except quarantine.Damaged as damage:
+        return _quarantine(ctx, job_id, damage)
     kind = kinds.of(job)
     attempt = open_attempt(tree, job_id, ctx.worker)
     crashpoint("after_attempt_dir")
@@ -151,6 +156,15 @@ def _fail(ctx: Context, job: JobBase, attempt: Attempt, f: Failed) -> str:
     else:
         log.warning("%s: failed at %s (%s): %s", job.job_id, failure.stage, failure.property, failure.message)
     return outcome
+
+
+def _quarantine(ctx: Context, job_id: str, damage: quarantine.Damaged) -> str:
+    """A claimed file that must never run: out of the queue, with its reason."""
+    path = ctx.tree.job_file("running", job_id, ctx.worker)
+    if not quarantine.quarantine(ctx.tree, path, f"running/{ctx.worker}", damage, ctx.worker):
+        return "lost"
+    ctx.journal.record(job_id, "quarantine", from_="running", reason=f"{damage.field}: {damage.reason}")
+    return "quarantined"
 
 
 def _interrupt(ctx: Context, job_id: str, attempt: Attempt, reason: str) -> str:

@@ -385,6 +385,17 @@ class Event(Record, kw_only=True, omit_defaults=True):
     validate_seconds: float | None = None
 
 
+class QuarantineRecord(Record, kw_only=True):
+    """``quarantine/<file>.reason``: why a file in the queue can never be run."""
+
+    file: str  # its name in quarantine/ (as it was in the state folder)
+    found_in: str  # the folder it was taken from: pending, held, running/<worker>
+    field: str  # what is wrong: "job", "recipe_hash", "job_id", ...
+    reason: str
+    by: str  # the worker or command that moved it
+    at: datetime
+
+
 class Rejection(Record, kw_only=True):
     """``rejected/<name>.error.json``: why a submission never became a job."""
 

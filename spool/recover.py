@@ -43,8 +43,9 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-from . import kinds, liveness, retry, store
+from . import kinds, liveness, quarantine, retry, store
 from .attempt import open_attempt, write_failure
 from .context import Context
 from .errors import LostOwnership
@@ -74,7 +75,7 @@ __all__ = ["Decision", "Evidence", "Outcome", "RecoveryRecord", "adopt", "decide
 @dataclass(frozen=True)
 class Outcome:
     job_id: str
-    decision: Decision
+    decision: Decision | Literal["quarantine"]
     reason: str
     to_state: str
 
@@ -204,8 +205,18 @@ def recover(
     """
     tree = ctx.tree
     owner = owner or ctx.worker
+    path = tree.job_file("running", job_id, owner)
     try:
-        job = kinds.decode_job(tree.job_file("running", job_id, owner).read_bytes())
+        job = quarantine.load(path)
+    except quarantine.Damaged as damage:
+        if dry_run:
+            return Outcome(job_id, "quarantine", f"{damage.field}: {damage.reason}", "quarantine")
+        if quarantine.quarantine(tree, path, f"running/{owner}", damage, ctx.worker):
+            ctx.journal.record(
+                job_id, "quarantine", from_="running", reason=f"{damage.field}: {damage.reason}"
+            )
+            return Outcome(job_id, "quarantine", f"{damage.field}: {damage.reason}", "quarantine")
+        return None
     except OSError:
         return None
     ev = inspect(tree, job, owner)

@@ -77,7 +77,8 @@ def counts(tree: Tree) -> dict[str, int]:
     out["running"] = sum(count(tree.running_dir(w)) for w in running_workers(tree))
     out["rejected"] = count(tree.rejected, skip_suffix=".error.json")
     out["incoming"] = count(tree.incoming)
-    keys = ("incoming", "pending", "held", "running", "complete", "failed", "rejected")
+    out["quarantine"] = count(tree.quarantine)
+    keys = ("incoming", "pending", "held", "running", "complete", "failed", "rejected", "quarantine")
     return {k: out[k] for k in keys}
 
 

@@ -24,6 +24,7 @@ import os
 import re
 import secrets
 import socket
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ FOLDERS = (
     "workers",
     "events",
     "approvals",
+    "quarantine",
 )
 
 #: Errors that mean "this name is not (or no longer) there" on some filesystem.
@@ -83,6 +85,28 @@ def read_retrying(path: Path) -> bytes:
                 raise
             time.sleep(pause)
     raise AssertionError("unreachable")
+
+
+class NotRegular(OSError):
+    """A name in the queue that is not a regular file (a FIFO, a device, a folder, a link)."""
+
+
+def read_regular(path: Path) -> bytes:
+    """The bytes of a regular file, without following a symbolic link and without
+    ever blocking on a FIFO or device: whatever somebody drops into a queue
+    folder, reading it cannot hang a daemon. Raises :class:`NotRegular` for
+    anything else."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegular(errno.EINVAL, "not a regular file", str(path))
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def host_name() -> str:
@@ -347,6 +371,10 @@ class Tree:
     @property
     def held(self) -> Path:
         return self.root / "held"
+
+    @property
+    def quarantine(self) -> Path:
+        return self.root / "quarantine"
 
     @property
     def approvals(self) -> Path:

@@ -23,7 +23,7 @@ import threading
 import time
 from types import FrameType
 
-from spool import accept, claim, doctor, fsck, recover
+from spool import accept, claim, doctor, fsck, quarantine, recover
 from spool.config import Config
 from spool.events import Journal
 from spool.execute import Context, execute
@@ -214,9 +214,27 @@ class Daemon:
                 self.index.note(o.job.job_id)  # claimable in this very iteration
         return len(outcomes)
 
+    def _quarantine_damaged(self) -> None:
+        """Files in ``pending/`` that can never be claimed leave the queue at once
+        (a silent skip would hang ``--drain`` and hide them from everyone)."""
+        for jid in self.index.take_damaged():
+            path = self.tree.job_file("pending", jid)
+            try:
+                quarantine.load(path)
+                continue  # readable now (it was being replaced): the next scan indexes it
+            except quarantine.Damaged as damage:
+                if quarantine.quarantine(self.tree, path, "pending", damage, self.worker):
+                    self.stats["quarantined"] = self.stats.get("quarantined", 0) + 1
+                    self.journal.record(
+                        jid, "quarantine", from_="pending", reason=f"{damage.field}: {damage.reason}"
+                    )
+            except OSError:
+                continue
+
     def _fill_slots(self) -> None:
         """Claim the best pending jobs while their pools have room (a job whose
         pool is full waits; one from another pool may still go)."""
+        self._quarantine_damaged()
         if self.pools.full():
             return
         for jid in self.index.ordered():

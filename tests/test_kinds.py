@@ -49,8 +49,12 @@ def _noop_cfg(cfg: Config) -> Config:
 
 
 def test_a_job_file_decodes_to_its_kind(tree: Tree, cfg: Config, assets: Path):
-    render_job = accept.build_job(tree, cfg, accept.parse_submission(json.dumps(minimal(assets)).encode(), cfg), "t")
-    noop_sub = accept.parse_submission(json.dumps({"name": "n", "operation": "noop", "tags": TAGS}).encode(), cfg)
+    render_job = accept.build_job(
+        tree, cfg, accept.parse_submission(json.dumps(minimal(assets)).encode(), cfg), "t"
+    )
+    noop_sub = accept.parse_submission(
+        json.dumps({"name": "n", "operation": "noop", "tags": TAGS}).encode(), cfg
+    )
     noop_job = accept.build_job(tree, _noop_cfg(cfg), noop_sub, "t")
     for job, typ in ((render_job, RenderJob), (noop_job, NoopJob)):
         back = decode_job(encode(job))
@@ -74,7 +78,9 @@ def test_noop_job_files_written_before_the_seam_still_decode():
 
 
 def test_an_unknown_operation_is_rejected_naming_the_field(tree: Tree, cfg: Config):
-    sub = accept.parse_submission(json.dumps({"name": "x", "operation": "upscale", "tags": TAGS}).encode(), cfg)
+    sub = accept.parse_submission(
+        json.dumps({"name": "x", "operation": "upscale", "tags": TAGS}).encode(), cfg
+    )
     with pytest.raises(InvalidInput) as exc:
         accept.build_job(tree, cfg, sub, "t")
     assert exc.value.field == "operation" and "noop, render" in str(exc.value)
