@@ -134,7 +134,7 @@ def run(
         (attempt.work / name).write_bytes(data)
     started = time.monotonic()
     stopped: Stopped | None = None
-    with open(attempt.log, "ab") as log:
+    with open(attempt.tool_log, "ab") as log:
         log.write(redact_bytes(f"$ {shlex.join(cmd.argv)}\n".encode()))
         log.flush()
         proc = _start(cmd, attempt, limits)
@@ -155,7 +155,7 @@ def run(
         returncode=proc.returncode,
         seconds=round(time.monotonic() - started, 3),
         stopped=stopped,
-        log_tail=tail(attempt.log),
+        log_tail=tail(attempt.tool_log),
     )
 
 

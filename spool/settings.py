@@ -78,13 +78,17 @@ def apply(overrides: Overrides, base: Config | None = None) -> Config:
 
 
 def dump(cfg: Config) -> str:
-    """The TOML text of every setting of ``cfg`` (sections and keys in Config's order)."""
+    """The TOML text of every setting of ``cfg`` (sections and keys in Config's order;
+    a setting that is ``None`` is left out, which the loader reads as its default)."""
+    data: dict[str, Any] = msgspec.to_builtins(cfg)
+    top = {k: v for k, v in data.items() if not isinstance(v, dict)}
     out = ["# spool.toml written by spool.settings: every key, typed and checked.\n"]
-    for section in _fields(Config):
+    out += [f"{k} = {_value(v, k)}\n" for k, v in top.items() if v is not None]
+    for section, table in data.items():
+        if section in top:
+            continue
         out.append(f"\n[{section}]\n")
-        table = getattr(cfg, section)
-        for key in _fields(type(table)):
-            out.append(f"{key} = {_value(getattr(table, key), f'{section}.{key}')}\n")
+        out += [f"{k} = {_value(v, f'{section}.{k}')}\n" for k, v in table.items() if v is not None]
     return "".join(out)
 
 
@@ -114,6 +118,9 @@ def _value(v: object, where: str) -> str:
         return _string(v)
     if isinstance(v, list):
         return "[" + ", ".join(_value(x, where) for x in v) + "]"
+    if isinstance(v, dict):  # a table inside a section: an inline table
+        items = [f"{_string(str(k))} = {_value(x, f'{where}.{k}')}" for k, x in v.items() if x is not None]
+        return "{" + ", ".join(items) + "}"
     raise SettingsError(f"{where}: a {type(v).__name__} cannot be written to spool.toml")
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tomllib
+
 import pytest
 
 from spool import config, settings
@@ -72,3 +74,9 @@ def test_a_value_the_loader_refuses_is_refused_with_the_key_named(tmp_path, over
         settings.write(tmp_path / "spool.toml", overrides)
     assert field in str(err.value)
     assert not (tmp_path / "spool.toml").exists()
+
+
+def test_a_table_valued_setting_is_written_as_an_inline_table():
+    """For settings that are tables themselves (none today): TOML that reads back the same."""
+    value = {"fal": {"in_flight": 4, "base_url": 'https://x/"q"'}, "odd key": [1.5, True]}
+    assert tomllib.loads("v = " + settings._value(value, "v"))["v"] == value
