@@ -34,7 +34,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from . import probe, recipe
+from . import layers, probe, recipe
 from .config import Config
 from .decoding import convert, parse_json
 from .errors import InvalidInput
@@ -178,6 +178,7 @@ def build_job(tree: Tree, cfg: Config, sub: Submission, submitted_by: str) -> Jo
         submitted_at=now(),
         submitted_by=sub.submitted_by or submitted_by,
         estimate_bytes=estimate,
+        layers=layers.plan(rec, sources, cfg.layers, cfg.render),  # rejects a label that cannot fit
     )
 
 

@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from . import claim, intent, recipe, render, retry, store
+from . import claim, ffcommand, intent, render, retry, store
 from .attempt import Attempt, Interruption, open_attempt, write_failure, write_result
 from .config import Config
 from .errors import LostOwnership
@@ -163,7 +163,7 @@ def check_candidate(cfg: Config, job: Job, candidate: Path, log_path: Path) -> V
             ok = False
         check = Check(name="noop", expected=job.job_id, actual="match" if ok else "mismatch", ok=ok)
         return ValidationReport(ok=ok, decode_check="none", checks=[check], seconds=0.0)
-    return validate(candidate, job.output.container, job.output.expect, cfg, log_path)
+    return validate(candidate, job.output.container, job.output.expect, cfg, log_path, job.layers)
 
 
 def _noop(job: Job, attempt: Attempt) -> Path:
@@ -202,7 +202,9 @@ def _prepare(job: Job) -> None:
 
 def _render(ctx: Context, job: Job, attempt: Attempt) -> tuple[Path, float]:
     assert job.recipe is not None
-    cmd = recipe.command(job.recipe, {s.role: s for s in job.sources}, job.output.file, ctx.cfg.render)
+    cmd = ffcommand.command(
+        job.recipe, {s.role: s for s in job.sources}, job.output.file, ctx.cfg.render, job.layers
+    )
     first = [True]
 
     def on_progress(p: Progress) -> None:
