@@ -369,7 +369,8 @@ def overlay_box(step: Overlay, frame: tuple[int, int], src: Source, safe: Rect) 
     v = src.probe.video
     assert v is not None
     w = max(2, round(frame[0] * step.scale / 2) * 2)
-    h = max(2, round(w * v.height / (v.width * 2)) * 2)  # FFmpeg's scale=w:-2
+    # FFmpeg's scale=w:-2: av_rescale rounds half away from zero, then x 2.
+    h = max(2, (w * v.height + v.width) // (v.width * 2) * 2)
     return place(step.position, step.margin, w, h, frame, safe)
 
 
