@@ -10,7 +10,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from conftest import minimal
+from conftest import minimal, run_cli
 
 from spool import accept, claim, execute, fonts, layers, probe
 from spool.config import Config, Layers, Render, parse
@@ -364,3 +364,15 @@ def test_rendered_label_pixels_lie_inside_the_planned_box(
         assert layer.text is not None and layer.text.count("\n") == 1
     if "shrink" in name:
         assert layer.size is not None and layer.size < 36
+        shown = run_cli("show", job.job_id, spool=tree, check=True).stdout
+        x, y, w, h = layer.box
+        assert f"layer steps[1] text size {layer.size}: {w}x{h} at {x},{y}; safe area 90 %" in shown
+        assert shown.rstrip().count(": inside") == 1
+
+
+def test_a_label_that_cannot_fit_is_rejected_at_submit_and_never_rendered(tree, cfg, journal, assets):
+    steps = [{"op": "fit", "width": 360, "height": 640}, _text(size=36), {"op": "encode"}]
+    sub = minimal(assets, name="clipped", steps=steps)
+    with pytest.raises(InvalidInput, match=r"recipe\.steps\[1\]: text is 543 px wide at size 36"):
+        accept.accept_bytes(tree, cfg, json.dumps(sub).encode(), "tester")
+    assert not list(tree.pending.iterdir())
