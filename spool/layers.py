@@ -19,7 +19,7 @@ numbers, unless the text step says ``"fit": "shrink"`` (largest size that fits,
 not below ``min_size``) or ``"fit": "wrap"`` (break at spaces into at most
 ``max_lines``). A character the font has no glyph for is rejected too.
 
-The plan is frozen in the job (``Job.layers``): the command builder draws each
+The plan is frozen in the job (``RenderJob.layers``, spool.kinds.render): the command builder draws each
 label at exactly the planned position, size, line breaks and font file, so the
 render is what was checked, whatever fonts another worker has. The gate
 (:func:`judge`) checks the planned boxes again against the safe area of the

@@ -16,8 +16,9 @@ from spool import accept, claim, execute, fonts, layers, probe
 from spool.config import Config, Layers, Render, parse
 from spool.errors import InvalidInput
 from spool.events import Journal
+from spool.kinds.render import RenderJob
 from spool.layers import Rect
-from spool.model import Job, LayerBox, Manifest, ProbeSummary, Source, VideoInfo, decode
+from spool.model import LayerBox, Manifest, ProbeSummary, Source, VideoInfo, decode
 from spool.recipe import Recipe
 from spool.tree import Tree
 
@@ -319,7 +320,7 @@ def dark(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _render(tree: Tree, cfg: Config, journal: Journal, sub: dict) -> tuple[Job, Manifest, Path]:
+def _render(tree: Tree, cfg: Config, journal: Journal, sub: dict) -> tuple[RenderJob, Manifest, Path]:
     job = accept.accept_bytes(tree, cfg, json.dumps(sub).encode(), "tester")
     assert claim.claim(tree, "w1", job.job_id)
     ctx = execute.Context(tree, cfg, "w1", journal, threading.Event())
