@@ -430,6 +430,13 @@ def plan(recipe: Recipe, sources: Mapping[str, Source], cfg: Layers, render: Ren
     return out
 
 
+def spec_of(label: str) -> float | str:
+    """The safe area spec back from its label (:func:`safe_area`'s first result):
+    ``"90 %"`` -> 0.9, ``"social-9x16 (social)"`` -> ``"social-9x16"``, a preset -> itself."""
+    first = label.split(" ")[0]
+    return float(first) / 100 if label.endswith(" %") else first
+
+
 def judge(planned: list[LayerBox], width: int | None, height: int | None) -> tuple[list[LayerBox], Check]:
     """The gate: each planned box against the safe area recomputed for the frame the
     output really has (``width`` x ``height`` from ffprobe). Pure."""
@@ -443,11 +450,8 @@ def judge(planned: list[LayerBox], width: int | None, height: int | None) -> tup
         if width is None or height is None:
             verdict = "unknown: the output has no video stream"
         else:
-            spec: float | str = layer.safe_area.split(" ")[0]
-            if layer.safe_area.endswith(" %"):
-                spec = float(layer.safe_area.split(" ")[0]) / 100
             try:
-                _, safe = safe_area(spec, width, height, "layers")
+                _, safe = safe_area(spec_of(layer.safe_area), width, height, "layers")
             except InvalidInput as exc:
                 safe, verdict = Rect(*layer.safe), f"outside: {exc.problem}"
             if verdict != "inside":

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 from conftest import minimal, run_cli
 
-from spool import accept, claim, execute, fonts, layers, probe
+from spool import accept, claim, execute, ffcommand, fonts, layers, probe
 from spool.config import Config, Layers, Render, parse
 from spool.errors import InvalidInput
 from spool.events import Journal
@@ -305,6 +305,7 @@ def test_the_gate_judges_planned_boxes_against_the_frame_the_file_has():
     assert not check.ok and judged[0].verdict.startswith("outside: the frame is 1280x720")
     _, check = layers.judge(planned, None, None)
     assert not check.ok
+    assert layers.spec_of("90 %") == 0.9 and layers.spec_of("social-1x1 (social)") == "social-1x1"
 
 
 # -- real renders: label pixels only inside the planned box ----------------------------------------------
@@ -350,6 +351,14 @@ def test_rendered_label_pixels_lie_inside_the_planned_box(
     sub = minimal(assets, name=name, steps=steps, sources={"clip": str(assets / "dark.mp4")})
     job, manifest, out = _render(tree, cfg, journal, sub)
     (layer,) = job.layers
+    # The render drew the frozen plan: numbers, not expressions, and the resolved font file.
+    cmd = ffcommand.command(
+        job.recipe, {s.role: s for s in job.sources}, job.output.file, cfg.render, job.layers
+    )
+    (fg,) = [cmd.argv[i + 1] for i, a in enumerate(cmd.argv) if a == "-filter_complex"]
+    assert (
+        f"fontfile={layer.font_file}:fontsize={layer.size}" in fg and f"x={layer.at[0]}:y={layer.at[1]}" in fg
+    )
     assert manifest.validation.layers is not None and manifest.validation.layers[0].verdict == "inside"
     assert any(c.name == "layers" and c.ok for c in manifest.validation.checks)
     gray, w, h = _frame(out, 0.4)
