@@ -11,6 +11,8 @@ from pathlib import Path
 import msgspec
 import pytest
 from conftest import minimal, run_cli
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from spool import accept, claim, execute, ffcommand, fonts, layers, probe
 from spool.config import Config, Layers, Render, parse
@@ -25,7 +27,7 @@ from spool.tree import Tree
 FONT = fonts.resolve()
 LABEL = "The Morning Mug – only £9.99"
 FRAMES = {"16:9": (1280, 720), "9:16": (720, 1280), "1:1": (720, 720)}
-SAFE_AREAS: list[float | str] = [0.9, 0.8, 1.0, "title-safe", "action-safe", "social", "social-9x16"]
+SAFE_AREAS: list[float | str] = [0.9, 0.8, 1.0, "social", *layers.PRESETS]
 POSITIONS = [
     "top-left",
     "top",
@@ -136,8 +138,10 @@ def test_measured_box_is_exactly_drawtexts_text_box(text, size, tmp_path):
 @pytest.mark.parametrize("safe", SAFE_AREAS)
 def test_labels_that_just_fit_are_placed_inside_and_one_size_up_are_rejected(aspect, safe):
     frame = FRAMES[aspect]
-    if safe == "social-9x16" and aspect != "9:16":
-        with pytest.raises(InvalidInput, match=r"is for 9:16 frames; this one is"):
+    preset = layers.PRESETS.get(safe) if isinstance(safe, str) else None
+    for_aspect = f"{preset.aspect[0]}:{preset.aspect[1]}" if preset and preset.aspect else aspect
+    if for_aspect != aspect:
+        with pytest.raises(InvalidInput, match=r"steps\[1\]\.safe_area: preset .* frames; this one is"):
             _plan([_text(safe_area=safe)], frame)
         return
     name, area = layers.safe_area(safe, *frame, "t")
@@ -386,3 +390,22 @@ def test_a_label_that_cannot_fit_is_rejected_at_submit_and_never_rendered(tree, 
     with pytest.raises(InvalidInput, match=r"recipe\.steps\[1\]: text is 543 px wide at size 36"):
         accept.accept_bytes(tree, cfg, json.dumps(sub).encode(), "tester")
     assert not list(tree.pending.iterdir())
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    text=st.text(min_size=1, max_size=120).filter(lambda t: "\x00" not in t),
+    size=st.integers(6, 600),
+    fit=st.sampled_from(["reject", "shrink", "wrap"]),
+    position=st.sampled_from(POSITIONS),
+    box=st.booleans(),
+)
+def test_any_label_is_placed_inside_or_rejected_with_a_located_reason(text, size, fit, position, box):
+    label = _text(text, size=size, fit=fit, position=position, box=box, min_size=6)
+    try:
+        (layer,) = _plan([label], (720, 1280), "social")
+    except InvalidInput as exc:
+        assert exc.field.startswith("recipe.steps[1]") and exc.problem
+        return
+    assert Rect(*layer.safe).contains(Rect(*layer.box))
+    assert layer.size is not None and 6 <= layer.size <= size
