@@ -341,11 +341,14 @@ def _render(tree: Tree, cfg: Config, journal: Journal, sub: dict) -> tuple[Rende
         ("wrap-9x16", _text(size=36, fit="wrap", position="top-right"), (360, 640)),
         ("fits-16x9", _text("Crème brûlée – £5", size=30, position="center"), (640, 360)),
         ("social-1x1", _text("Only £9.99\nthis week", size=40, position="bottom-left"), (360, 360)),
+        ("fallback-font", _text("𝐒𝐀𝐋𝐄 −50 %", size=40, position="top-left"), (640, 360)),
     ],
 )
 def test_rendered_label_pixels_lie_inside_the_planned_box(
     tree, cfg, journal, assets, dark, name, label, frame
 ):
+    if fonts.for_text(label["text"])[1]:
+        pytest.skip("no installed font has every glyph of this label")
     (assets / "dark.mp4").write_bytes(dark.read_bytes())
     steps = [
         {"op": "fit", "width": frame[0], "height": frame[1], "mode": "crop"},
@@ -409,3 +412,18 @@ def test_any_label_is_placed_inside_or_rejected_with_a_located_reason(text, size
         return
     assert Rect(*layer.safe).contains(Rect(*layer.box))
     assert layer.size is not None and 6 <= layer.size <= size
+
+
+def test_glyphs_the_default_font_lacks_come_from_one_font_that_has_them_all():
+    text = "𝐒𝐀𝐋𝐄 −50 %"  # mathematical bold letters: not in DejaVu Sans, in DejaVu Math TeX Gyre
+    if not fonts.missing(text, FONT):
+        pytest.skip("the default font has these glyphs")
+    path, lacking = fonts.for_text(text, "")
+    if lacking:
+        pytest.skip("no installed font has all of these glyphs")
+    (layer,) = _plan([_text(text, size=40)], (1280, 720))
+    assert layer.font_file == path != FONT and fonts.missing(text, path) == []
+    # A configured font is never swapped: the label is rejected instead.
+    rec = msgspec.convert({"input": "clip", "steps": [_text(text, size=40)]}, Recipe)
+    with pytest.raises(InvalidInput, match=r"recipe\.steps\[0\]\.text: the font .* has no glyph for '𝐒'"):
+        layers.plan(rec, {"clip": _source()}, Layers(), Render(font_file=FONT))
