@@ -293,7 +293,7 @@ def _largest(
     if safe.contains(first.box):
         return first
     # Width and height grow about linearly with size: start just above the estimate.
-    ratio = min(safe.w / first.box.w, safe.h / first.box.h)
+    ratio = min(safe.w / max(1, first.box.w), safe.h / max(1, first.box.h))  # a blank label has no height
     size = min(step.size - 1, math.floor(step.size * ratio) + 2)
     while size >= floor:
         d = _draw(step, text, path, size, frame, safe)

@@ -223,6 +223,13 @@ def accept_recipe_check(steps: list[dict]) -> None:
     recipe.check(rec, {"clip": _source()})
 
 
+def test_a_blank_label_too_wide_is_shrunk_or_rejected_without_crashing():
+    (layer,) = _plan([_text(" " * 200, size=60, fit="shrink", min_size=6)], (720, 720))
+    assert layer.box[3] == 0 and Rect(*layer.safe).contains(Rect(*layer.box))
+    with pytest.raises(InvalidInput, match=r"px wide at size 60"):
+        _plan([_text(" " * 200, size=60)], (720, 720))
+
+
 def test_wrap_breaks_at_spaces_into_at_most_max_lines():
     (layer,) = _plan([_text(size=71, fit="wrap", box=True)], (720, 1280))
     assert layer.text == "The Morning Mug\n– only £9.99" and layer.size == 71
@@ -397,7 +404,10 @@ def test_a_label_that_cannot_fit_is_rejected_at_submit_and_never_rendered(tree, 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    text=st.text(min_size=1, max_size=120).filter(lambda t: "\x00" not in t),
+    text=st.one_of(
+        st.text(st.sampled_from("aWil .,!£–—éßÅ\n  "), min_size=1, max_size=300),  # drawable: layout paths
+        st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=60),  # anything at all
+    ).filter(lambda t: "\x00" not in t),
     size=st.integers(6, 600),
     fit=st.sampled_from(["reject", "shrink", "wrap"]),
     position=st.sampled_from(POSITIONS),
