@@ -53,12 +53,16 @@ def resolve(font_file: str = "", pattern: str = DEFAULT_FAMILY) -> str:
 
 @functools.lru_cache(maxsize=64)
 def charset(path: str) -> tuple[tuple[int, int], ...]:
-    """The code point ranges (inclusive) ``path`` has glyphs for, as fontconfig reads its cmap."""
-    text = _run(["fc-query", "--format=%{charset}", path])
+    """The code point ranges (inclusive) ``path`` has glyphs for, as fontconfig reads its
+    cmap. Face 0 only: in a collection (``.ttc``) that is the face drawtext and Pillow load."""
+    text = _run(["fc-query", "--index=0", "--format=%{charset}\n", path])
     ranges = []
-    for part in text.split():
-        lo, _, hi = part.partition("-")
-        ranges.append((int(lo, 16), int(hi or lo, 16)))
+    try:
+        for part in text.split():
+            lo, _, hi = part.partition("-")
+            ranges.append((int(lo, 16), int(hi or lo, 16)))
+    except ValueError:
+        raise FontError(f"fc-query printed a character map spool cannot read for {path}") from None
     if not ranges:
         raise FontError(f"{path} has no character map fontconfig can read")
     return tuple(ranges)

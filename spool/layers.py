@@ -354,6 +354,12 @@ def font_for(text: str, at: str, render: Render) -> str:
         path, lacking = fonts.for_text(text, render.font_file)
     except fonts.FontError as exc:
         raise InvalidInput(f"{at}.text", f"no font to draw it with: {exc}") from None
+    try:
+        _font(path, 12)
+    except OSError as exc:
+        raise InvalidInput(
+            f"{at}.text", f"the font {path} cannot be read ({exc}); set [render] font_file"
+        ) from None
     if lacking:
         shown = ", ".join(f"{c!r} (U+{ord(c):04X})" for c in lacking[:5])
         raise InvalidInput(

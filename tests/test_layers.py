@@ -265,6 +265,17 @@ def test_a_cjk_label_is_drawn_from_a_font_that_has_its_glyphs():
     assert layer.font_file == path and not fonts.missing("特价 中文", path)
 
 
+@pytest.mark.parametrize("content", [b"", b"not a font at all\n"])
+def test_a_configured_font_that_is_missing_or_not_a_font_is_a_located_rejection(tmp_path, content):
+    bad = tmp_path / "broken.ttf"
+    if content:
+        bad.write_bytes(content)
+    rec = msgspec.convert({"input": "clip", "steps": [_text("Sale", size=20)]}, Recipe)
+    with pytest.raises(InvalidInput) as err:
+        layers.plan(rec, {"clip": _source()}, Layers(), Render(font_file=str(bad)))
+    assert err.value.field == "recipe.steps[0].text" and "broken.ttf" in err.value.problem
+
+
 def test_accents_pound_and_dashes_are_in_the_default_font():
     assert fonts.missing("Crème brûlée – naïve £9.99 — déjà", FONT) == []
 
