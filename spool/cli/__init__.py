@@ -24,6 +24,7 @@ from . import observe  # noqa: F401  # isort: skip
 from . import intent  # noqa: F401  # isort: skip
 from . import repair  # noqa: F401  # isort: skip
 from . import doctor  # noqa: F401  # isort: skip
+from . import worker  # noqa: F401  # isort: skip
 from .common import app
 
 __all__ = ["app", "main"]
