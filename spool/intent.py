@@ -242,6 +242,7 @@ def cancel(
     """Cancel a pending, held or running job. Returns the state the job ended in:
     ``failed`` (cancelled), or ``complete`` if a render finished before its
     worker saw the request."""
+    by = person(by)  # it is recorded as who cancelled
     loc = _require(tree, job_id, "pending", "held", "running")
     why = reason or f"cancelled by {by}"
     if loc.state in ("pending", "held"):
