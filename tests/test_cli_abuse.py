@@ -3,10 +3,15 @@ spool, revise, approve and cancel, each through the real ``spool`` command."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import pty
+import re
 import shutil
+import struct
 import subprocess
+import termios
 import unicodedata
 from pathlib import Path
 
@@ -214,3 +219,33 @@ def test_cancelling_a_held_job_records_who_cancelled(tree, assets):
     assert failure["worker"].startswith("Zoë (spool cancel on ") and "-cancel" not in failure["worker"]
     assert attempt["reason"] == "cancel by Zoë"
     assert (tree.failed / f"{jid}.json").exists()
+
+
+def _on_a_terminal(args: list[str], env: dict[str, str], columns: int = 40) -> str:
+    """``spool ARGS`` with a narrow terminal as its stdout: what a person sees."""
+    primary, secondary = pty.openpty()
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    proc = subprocess.Popen(
+        [SPOOL, *args], stdout=secondary, stderr=secondary, env={**os.environ, **env}, close_fds=True
+    )
+    os.close(secondary)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(primary, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    proc.wait(timeout=60)
+    os.close(primary)
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.decode("utf-8", "replace"))
+
+
+def test_a_long_secret_is_masked_even_where_a_terminal_wraps_it(tree, assets):
+    long_secret = "Ab" + "9x7Q" * 20  # longer than the terminal is wide
+    jid = _submit(tree, assets, "wrapped", tags={**minimal(assets)["tags"], "campaign": long_secret})
+    seen = _on_a_terminal(["show", jid, "--spool", str(tree.root)], {"RENDER_API_TOKEN": long_secret})
+    assert jid in seen and "[redacted]" in seen
+    assert "9x7Q9x7Q" not in seen.replace("\r", "").replace("\n", "")  # no piece of it either

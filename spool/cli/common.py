@@ -33,7 +33,7 @@ app = typer.Typer(
 )
 
 SPOOL_HELP = "The spool folder (default: SPOOL_DIR, or the spool the current folder is inside)."
-SpoolOpt = Annotated[Path | None, typer.Option("--spool", help=SPOOL_HELP)]
+SpoolOpt = Annotated[Path | None, typer.Option("--spool", help=SPOOL_HELP, show_default=False)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 
 #: ``spool --spool DIR COMMAND``: the option given before the command, as ``git -C``.
@@ -86,6 +86,29 @@ def guard_output() -> None:
         sys.stdout = _RedactingText(sys.stdout)
     if not isinstance(sys.stderr, _RedactingText):
         sys.stderr = _RedactingText(sys.stderr)
+
+
+def unsecret(value: Any) -> Any:
+    """``value`` with every string in it masked, keeping its types (records stay
+    records). For what a terminal lays out: a wrapped line can split a long
+    secret in two, where masking the printed text no longer finds it."""
+    if isinstance(value, str):
+        return secrets.redact(value)
+    if isinstance(value, msgspec.Struct):
+        changed = {}
+        for name in value.__struct_fields__:
+            old = getattr(value, name)
+            new = unsecret(old)
+            if new is not old:
+                changed[name] = new
+        return msgspec.structs.replace(value, **changed) if changed else value
+    if isinstance(value, dict):
+        return {unsecret(k): unsecret(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [unsecret(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(unsecret(v) for v in value)
+    return value
 
 
 def masked(value: Any) -> Any:

@@ -20,7 +20,7 @@ from rich.console import Console
 from .. import eventlog, overview, status
 from ..errors import InvalidInput, NotFound, NotReady, SpoolError
 from . import views
-from .common import JsonOpt, SpoolOpt, app, fail, open_spool, open_tree, print_json
+from .common import JsonOpt, SpoolOpt, app, fail, open_spool, open_tree, print_json, unsecret
 
 
 def _console() -> Console:
@@ -38,7 +38,7 @@ def status_cmd(spool: SpoolOpt = None, as_json: JsonOpt = False) -> None:
     if as_json:
         print_json(ov)
         return
-    _console().print(views.status_view(ov))
+    _console().print(views.status_view(unsecret(ov)))
 
 
 @app.command()
@@ -56,7 +56,7 @@ def watch(
     try:
         with Live(console=console, screen=console.is_terminal, auto_refresh=False) as live:
             while True:
-                live.update(views.status_view(overview.overview(tree, cfg)), refresh=True)
+                live.update(views.status_view(unsecret(overview.overview(tree, cfg))), refresh=True)
                 time.sleep(interval)
     except KeyboardInterrupt:
         pass
@@ -108,7 +108,7 @@ def show(
     if as_json:
         print_json(info)
         return
-    _console().print(views.show_view(info))
+    _console().print(views.show_view(unsecret(info)))
 
 
 @app.command()
@@ -220,7 +220,7 @@ def events(
             if as_json:
                 out.write(line.raw)
             else:
-                console.print(views.event_line(line.event))
+                console.print(views.event_line(unsecret(line.event)))
         sys.stdout.flush()
 
     follower = eventlog.Follower(tree, job)
