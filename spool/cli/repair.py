@@ -8,7 +8,7 @@ import typer
 
 from ..errors import EXIT_ERROR, EXIT_NOT_FOUND, EXIT_NOT_READY, NotFound, SpoolError
 from ..events import Journal
-from ..model import Job, Manifest
+from ..model import Manifest
 from ..tree import HOST
 from .common import JsonOpt, SpoolOpt, app, fail, open_spool, print_json
 
@@ -152,8 +152,7 @@ def verify_cmd(
 
     Exit 1 if an output fails; else 4 if a named job does not exist; else 3 if
     a named job is not complete yet."""
-    from .. import status, store
-    from ..execute import check_candidate
+    from .. import kinds, status, store
 
     tree, cfg = open_spool(spool, as_json)
     ids = job or sorted(j for j, _ in status.job_ids(tree, "complete"))
@@ -175,8 +174,8 @@ def verify_cmd(
         if problem is None and revalidate:
             found = status.load_job(tree, jid)
             if found is not None:
-                j: Job = found[0]
-                rep = check_candidate(
+                j = found[0]
+                rep = kinds.of(j).check(
                     cfg, j, tree.root / m.output.store_path, tree.job_attempts(jid) / "verify.log"
                 )
                 if not rep.ok:
