@@ -2,8 +2,10 @@
 
 Every byte the CLI prints passes one choke point, :func:`guard_output`: both
 standard streams (text and their binary buffers) mask the secrets
-:mod:`spool.secrets` knows, and :func:`print_json` masks each string of a
-value before it is encoded (so a secret that JSON would escape is masked too).
+:mod:`spool.secrets` knows. What is laid out or encoded first is masked
+before that, by :func:`unsecret`: the records behind ``status``, ``show`` and
+``events`` (a terminal may wrap a long secret) and every :func:`print_json`
+value (JSON escapes some characters a secret may hold).
 """
 
 from __future__ import annotations
@@ -90,8 +92,9 @@ def guard_output() -> None:
 
 def unsecret(value: Any) -> Any:
     """``value`` with every string in it masked, keeping its types (records stay
-    records). For what a terminal lays out: a wrapped line can split a long
-    secret in two, where masking the printed text no longer finds it."""
+    records). For what a terminal lays out (a wrapped line can split a long
+    secret in two, where masking the printed text no longer finds it) and for
+    JSON (which escapes some characters a secret may hold)."""
     if isinstance(value, str):
         return secrets.redact(value)
     if isinstance(value, msgspec.Struct):
@@ -108,17 +111,6 @@ def unsecret(value: Any) -> Any:
         return [unsecret(v) for v in value]
     if isinstance(value, tuple):
         return tuple(unsecret(v) for v in value)
-    return value
-
-
-def masked(value: Any) -> Any:
-    """``value`` as plain JSON-able data with every string (keys too) masked."""
-    if isinstance(value, str):
-        return secrets.redact(value)
-    if isinstance(value, dict):
-        return {masked(k): masked(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [masked(v) for v in value]
     return value
 
 
@@ -172,7 +164,7 @@ def _upwards(start: Path) -> Iterator[Path]:
 
 def print_json(value: Any) -> None:
     """``value`` as indented JSON on stdout, every string in it masked."""
-    data = masked(msgspec.to_builtins(value))
+    data = unsecret(msgspec.to_builtins(value))
     sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(data), indent=2) + b"\n")
 
 
