@@ -116,7 +116,7 @@ def _os_failure(exc: OSError, attempt: Attempt, job: JobBase) -> Failed:
             "the disk filled up during the attempt (the partial output was removed)",
             expected="free space",
             actual="ENOSPC",
-            next_action="Free space on the spool's disk (spool gc helps); the job is retried automatically.",
+            next_action="Free space on the spool's disk (spool gc helps).",
             retryable=True,
         )
     return Failed(
@@ -124,7 +124,7 @@ def _os_failure(exc: OSError, attempt: Attempt, job: JobBase) -> Failed:
         "io_error",
         f"an I/O error stopped the attempt ({exc.strerror or exc})",
         actual=str(exc),
-        next_action="Check the spool's disk and permissions, then spool retry the job.",
+        next_action="Check the spool's disk and permissions.",
         retryable=True,
     )
 
@@ -134,13 +134,28 @@ def _move(ctx: Context, job_id: str, to: str) -> bool:
 
 
 def _fail(ctx: Context, job: JobBase, attempt: Attempt, f: Failed) -> str:
-    """Record the failure in the attempt, then move the job to ``failed/``."""
+    """Record the failure in the attempt, then move the job to ``failed/`` (or, for a
+    retryable failure while attempts remain, back to ``pending/`` after a delay).
+
+    The record's next action says which of the two happens: a retryable failure
+    states what to fix, and spool adds whether it retries by itself.
+    """
+    limits = ctx.cfg.limits
+    retrying = bool(f.fields["retryable"]) and retry.may_retry(ctx.tree, job.job_id, limits.max_attempts)
+    if f.fields["retryable"]:
+        used = retry.claims_made(ctx.tree, job.job_id)
+        f.fields["next_action"] = f"{f.fields['next_action']} " + (
+            f"spool retries the job by itself (attempt {used + 1} of {limits.max_attempts})."
+            if retrying
+            else f"All {limits.max_attempts} attempts are used, so it is not retried by itself: "
+            f"then run spool retry {job.job_id}."
+        )
     failure = scrub(
         Failure(job_id=job.job_id, attempt=attempt.n, worker=ctx.worker, failed_at=now(), **f.fields)  # type: ignore[arg-type]
     )
     write_failure(attempt, failure)
     what = f"{failure.stage}: {failure.property}"
-    if failure.retryable and retry.may_retry(ctx.tree, job.job_id, ctx.cfg.limits.max_attempts):
+    if retrying:
         wait = retry.schedule(ctx.tree, job.job_id, ctx.cfg.recovery, attempt.n, what)
         to, outcome, reason = "pending", "retry", f"retry in {wait:.0f} s after {what}: {failure.message}"
     else:

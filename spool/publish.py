@@ -68,7 +68,7 @@ def publish(
             "publish",
             "store",
             f"the output could not be stored ({exc.strerror or exc})",
-            next_action="Free space or fix permissions on the spool's store/, then spool retry the job.",
+            next_action="Free space or fix permissions on the spool's store/.",
             retryable=True,
         ) from None
     crashpoint("after_store_link")

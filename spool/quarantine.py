@@ -27,6 +27,7 @@ from pathlib import Path
 import msgspec
 
 from . import kinds
+from .faults import crashpoint
 from .model import QuarantineRecord, encode, now
 from .tree import NotRegular, Tree, make_dirs, read_regular, transfer, write_atomic
 
@@ -92,6 +93,7 @@ def quarantine(tree: Tree, src: Path, found_in: str, damage: Damaged, by: str) -
         file=src.name, found_in=found_in, field=damage.field, reason=damage.reason, by=by, at=now()
     )
     write_atomic(why, encode(rec))
+    crashpoint("after_quarantine_reason")
     if dst.exists():  # the same name was quarantined before: keep both, never replace
         dst = tree.quarantine / f"{src.stem}.{int(now().timestamp())}.json"
     if not transfer(src, dst):

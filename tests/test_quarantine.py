@@ -105,3 +105,14 @@ def test_fsck_reports_and_quarantines_a_damaged_job_file(tree: Tree, assets: Pat
     assert path.exists()  # --no-repair only reports
     run_cli("fsck", "--json", spool=tree)
     assert not path.exists() and _reason(tree, "f@1.json").field == "recipe_hash"
+
+
+def test_a_crash_between_reason_and_move_is_finished_by_the_next_daemon(tree: Tree, daemons):
+    (tree.pending / "c2@1.json").write_text("[]")
+    d = daemons(tree, "w1", drain=True, env={"SPOOL_CRASH_AT": "after_quarantine_reason"})
+    assert d.wait(timeout=30) == -9  # SIGKILLed itself at the crash point
+    assert (tree.pending / "c2@1.json").exists() and (tree.quarantine / "c2@1.json.reason").exists()
+    d = daemons(tree, "w1", drain=True)
+    assert d.wait(timeout=30) == 0
+    assert sorted(p.name for p in tree.quarantine.iterdir()) == ["c2@1.json", "c2@1.json.reason"]
+    assert not (tree.pending / "c2@1.json").exists()

@@ -9,6 +9,7 @@ candidate to the validation gate (:mod:`spool.validate`).
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -92,9 +93,10 @@ class Render(Kind[RenderJob]):
 
     # -- an attempt ---------------------------------------------------------------
     def produce(self, ctx: Context, job: RenderJob, attempt: Attempt) -> Produced:
-        rehash_sources(job)
+        before = rehash_sources(job)
         out = _run_ffmpeg(ctx, job, attempt)
         _classify(ctx, job, attempt, out)
+        unchanged_since(job, before)
         return Produced(attempt.work / job.output.file, out.seconds)
 
     def check(self, cfg: Config, job: RenderJob, candidate: Path, log: Path) -> ValidationReport:
@@ -104,14 +106,61 @@ class Render(Kind[RenderJob]):
 KIND = Render()
 
 
-def rehash_sources(job: RenderJob) -> None:
-    """Re-hash every source: the queue renders what was accepted or nothing."""
-    for src in job.sources:
-        _rehash(src)
+#: What identifies one version of a source file: inode, size, mtime and ctime.
+Fingerprint = tuple[int, int, int, int]
 
 
-def _rehash(src: Source) -> None:
+def rehash_sources(job: RenderJob) -> list[Fingerprint]:
+    """Re-hash every source before FFmpeg starts: the queue renders what was
+    accepted or nothing. Returns each source's fingerprint, taken before it was
+    hashed, for :func:`unchanged_since`."""
+    return [_rehash(src) for src in job.sources]
+
+
+def unchanged_since(job: RenderJob, before: list[Fingerprint]) -> None:
+    """After the render, before anything is published: every source must still be
+    the file that was hashed before it. A write during the render changes the
+    ctime (and usually mtime and size) even when it restores the bytes, and a
+    replacement changes the inode; the hash is taken again for what stat alone
+    cannot see (a filesystem with coarse or frozen times)."""
+    for src, fp in zip(job.sources, before, strict=True):
+        now_fp = _fingerprint(src)
+        if now_fp != fp:
+            raise _changed_during(src, f"stat changed ({_what_changed(fp, now_fp)})")
+        digest, _size = store.sha256_file(Path(src.path))
+        if digest != src.sha256:
+            raise _changed_during(src, f"sha256 is now {digest}")
+
+
+def _fingerprint(src: Source) -> Fingerprint:
     try:
+        st = os.stat(src.path)
+    except OSError as exc:
+        raise _changed_during(src, f"it cannot be read ({exc.strerror})") from None
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _what_changed(a: Fingerprint, b: Fingerprint) -> str:
+    names = ("inode", "size", "mtime", "ctime")
+    return ", ".join(n for n, x, y in zip(names, a, b, strict=True) if x != y)
+
+
+def _changed_during(src: Source, how: str) -> Failed:
+    return Failed(
+        "render",
+        f"sources.{src.role}",
+        f"source changed during render: {src.path}: {how}",
+        expected=src.sha256,
+        actual=how,
+        next_action="Nothing was published. Restore the accepted file and spool retry the job, "
+        "or submit a new revision that uses the changed file (spool revise).",
+    )
+
+
+def _rehash(src: Source) -> Fingerprint:
+    try:
+        st = os.stat(src.path)
+        fp = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         digest, _size = store.sha256_file(Path(src.path))
     except OSError as exc:
         raise Failed(
@@ -120,7 +169,7 @@ def _rehash(src: Source) -> None:
             f"source {src.path} cannot be read ({exc.strerror})",
             expected=src.sha256,
             actual="unreadable",
-            next_action="Restore the source file, then spool retry the job.",
+            next_action="Restore the source file.",
             retryable=True,
         ) from None
     if digest != src.sha256:
@@ -133,6 +182,7 @@ def _rehash(src: Source) -> None:
             next_action="Submit a new revision that uses the changed file (spool revise), "
             "or restore the original.",
         )
+    return fp
 
 
 def _run_ffmpeg(ctx: Context, job: RenderJob, attempt: Attempt) -> render.RenderOutcome:
@@ -204,7 +254,7 @@ def _classify(ctx: Context, job: RenderJob, attempt: Attempt, out: render.Render
             expected="free space",
             actual="ENOSPC",
             log_excerpt=out.log_tail[-4:],
-            next_action="Free space on the spool's disk (spool gc helps); the job is retried automatically.",
+            next_action="Free space on the spool's disk (spool gc helps).",
             retryable=True,
         )
     if out.returncode is not None and out.returncode < 0:
@@ -216,7 +266,7 @@ def _classify(ctx: Context, job: RenderJob, attempt: Attempt, out: render.Render
             expected="exit status 0",
             actual=f"signal {-out.returncode}",
             log_excerpt=out.log_tail[-8:],
-            next_action="Check memory (limits.memory) and the system log; the job is retried automatically.",
+            next_action="Check memory (limits.memory) and the system log.",
             retryable=True,
         )
     if out.returncode != 0:
