@@ -118,8 +118,10 @@ def test_submitting_a_missing_file_exits_4_and_leaves_the_spool_untouched(tree, 
     before = _spool_files(tree)
     res = run_cli("submit", str(tmp_path / "missing.json"), spool=tree)
     assert res.returncode == 4 and "no such file" in res.stderr
-    res = run_cli("submit", str(tmp_path), "--json", spool=tree)  # a folder: also the caller's mistake
-    assert res.returncode == 2 and json.loads(res.stdout)[0]["rejected"] is None
+    os.mkfifo(tmp_path / "fifo.json")
+    for odd in (tmp_path, tmp_path / "fifo.json"):  # a folder, a FIFO: also the caller's mistake
+        res = run_cli("submit", str(odd), "--json", spool=tree)
+        assert res.returncode == 2 and json.loads(res.stdout)[0]["rejected"] is None
     assert _spool_files(tree) == before
 
 

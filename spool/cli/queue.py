@@ -79,7 +79,7 @@ def submit(
 ) -> None:
     """Accept submissions (prints each job ID) or reject them (exit 2 with the reason).
 
-    A file that cannot be read here (a typo, a folder, no permission) is the
+    A file that cannot be read here (a typo, a folder, a FIFO, no permission) is the
     caller's problem, not the queue's: it is reported and nothing is written
     into the spool. The exit code is that of the first file that failed."""
     from .. import accept
@@ -133,6 +133,8 @@ def _unreadable(path: Path) -> SpoolError | None:
         return InvalidInput(str(path), f"cannot be read ({exc.strerror})")
     if stat.S_ISDIR(st.st_mode):
         return InvalidInput(str(path), "is a folder, not a submission file")
+    if not stat.S_ISREG(st.st_mode):
+        return InvalidInput(str(path), "is not a regular file (a FIFO, socket or device)")
     if not os.access(path, os.R_OK):
         return InvalidInput(str(path), "cannot be read (permission denied)")
     return None
