@@ -105,6 +105,9 @@ def test_a_job_that_crashes_ffmpeg_everywhere_fails_after_two_workers_with_both_
     assert any(line.startswith(f"{HOST}-a ") for line in f.log_excerpt)
     assert any(line.startswith(f"{HOST}-b ") for line in f.log_excerpt)
     assert health.quarantined(tree, f"{HOST}-a") is None  # one failure is no streak
+    # An operator who fixed the hosts retries it: the blocks are lifted with it.
+    run_cli("retry", "crashme@1", spool=tree, check=True)
+    assert blocklist.entries(tree, "crashme@1") == [] and (tree.pending / "crashme@1.json").exists()
 
 
 def test_a_lone_broken_worker_is_bounded_and_its_quarantine_outlives_a_restart(
