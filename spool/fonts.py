@@ -16,6 +16,7 @@ running spool, and acceptance must stay fast.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import subprocess
 
@@ -96,3 +97,16 @@ def for_text(text: str, font_file: str = "") -> tuple[str, list[str]]:
         return path, lacking
     still = missing(text, other)
     return (other, still) if not still else (path, lacking)
+
+
+def digest(path: str) -> str:
+    """sha256 of a font file: which exact font a label was measured with. Another
+    version of the "same" font has other metrics, so a render checks it."""
+    st = os.stat(path)
+    return _digest(path, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _digest(path: str, size: int, mtime_ns: int) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import fonts
-from .errors import InvalidInput
+from .errors import Failed, InvalidInput
 from .recipe import Fit, Overlay, Recipe, Text, shape
 
 if TYPE_CHECKING:
@@ -416,6 +416,7 @@ def plan(recipe: Recipe, sources: Mapping[str, Source], cfg: Layers, render: Ren
                     size=d.size,
                     text=d.text,
                     font_file=d.font,
+                    font_sha256=fonts.digest(d.font),
                 )
             )
         else:
@@ -478,6 +479,7 @@ def judge(planned: list[LayerBox], width: int | None, height: int | None) -> tup
                 at=layer.at,
                 size=layer.size,
                 font_file=layer.font_file,
+                font_sha256=layer.font_sha256,
                 verdict=verdict,
             )
         )
@@ -488,3 +490,29 @@ def judge(planned: list[LayerBox], width: int | None, height: int | None) -> tup
         ok=not bad,
     )
     return out, check
+
+
+def check_fonts(planned: list[LayerBox]) -> None:
+    """Before a render: each label's font file is on this host and is the very file
+    it was measured with. drawtext quietly falls back to fontconfig's choice when
+    ``fontfile`` cannot be loaded, and another version of a font has other metrics,
+    so either would draw a label that was never checked. A host fault: another
+    worker may have the font."""
+    for layer in planned:
+        if layer.font_file is None:
+            continue
+        try:
+            have = fonts.digest(layer.font_file)
+        except OSError as exc:
+            have = f"missing or unreadable ({exc.strerror})"
+        if have != (layer.font_sha256 or have) or have.startswith("missing"):
+            raise Failed(
+                "prepare",
+                f"recipe.steps[{layer.step}].font",
+                f"the font {layer.font_file} this label was measured with at acceptance is not on this host",
+                expected=layer.font_sha256,
+                actual=have,
+                next_action="Install the same font file on this host (or set [render] font_file on every "
+                "host to one shared file and resubmit); another worker may take the job meanwhile.",
+                fault="host",
+            )

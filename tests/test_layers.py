@@ -448,3 +448,32 @@ def test_glyphs_the_default_font_lacks_come_from_one_font_that_has_them_all():
     rec = msgspec.convert({"input": "clip", "steps": [_text(text, size=40)]}, Recipe)
     with pytest.raises(InvalidInput, match=r"recipe\.steps\[0\]\.text: the font .* has no glyph for '𝐒'"):
         layers.plan(rec, {"clip": _source()}, Layers(), Render(font_file=FONT))
+
+
+@pytest.mark.parametrize("change", ["deleted", "another version"])
+def test_a_host_without_the_measured_font_fails_as_a_host_fault_and_never_draws(
+    tree, cfg, journal, assets, tmp_path, change
+):
+    font = tmp_path / "house.ttf"
+    font.write_bytes(Path(FONT).read_bytes())
+    cfg = msgspec.structs.replace(cfg, render=msgspec.structs.replace(cfg.render, font_file=str(font)))
+    steps = [
+        {"op": "trim", "duration": 0.4},
+        _text("Only £9.99", size=20),
+        {"op": "encode", "preset": "ultrafast"},
+    ]
+    job = accept.accept_bytes(
+        tree, cfg, json.dumps(minimal(assets, name="fonted", steps=steps)).encode(), "t"
+    )
+    assert isinstance(job, RenderJob) and job.layers[0].font_file == str(font.resolve())
+    if change == "deleted":
+        font.unlink()
+    else:
+        font.write_bytes(Path(FONT).read_bytes() + b"\0")  # same name, other bytes
+    assert claim.claim(tree, "w1", job.job_id)
+    outcome = execute.execute(execute.Context(tree, cfg, "w1", journal, threading.Event()), job.job_id)
+    assert outcome in ("blocked", "host-failed")
+    failure = json.loads((tree.attempt_dir(job.job_id, 1) / "failure.json").read_text())
+    assert failure["property"] == "recipe.steps[1].font" and failure["fault"] == "host"
+    assert failure["expected"] == job.layers[0].font_sha256
+    assert not (tree.attempt_dir(job.job_id, 1) / "work" / "fonted.mp4").exists()

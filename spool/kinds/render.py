@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from .. import ffcommand, intent, layers, recipe, render, store
+from .. import ffcommand, health, intent, layers, recipe, render, store
 from .. import sources as sources_
 from ..errors import Failed, Interrupted, InvalidInput
 from ..faults import crashpoint
@@ -100,6 +100,7 @@ class Render(Kind[RenderJob]):
     # -- an attempt ---------------------------------------------------------------
     def produce(self, ctx: Context, job: RenderJob, attempt: Attempt) -> Produced:
         before = rehash_sources(job)
+        layers.check_fonts(job.layers)  # the exact font each label was measured with, or a host fault
         out = _run_ffmpeg(ctx, job, attempt)
         _classify(ctx, job, attempt, out)
         unchanged_since(job, before)
@@ -221,7 +222,8 @@ def _run_ffmpeg(ctx: Context, job: RenderJob, attempt: Attempt) -> render.Render
             f"{cmd.argv[0]} cannot be run ({exc.strerror})",
             expected="an FFmpeg executable",
             actual="not found",
-            next_action="Install FFmpeg or fix [render] ffmpeg in spool.toml, then spool retry the job.",
+            next_action="Install FFmpeg or fix [render] ffmpeg in spool.toml on this host.",
+            fault="host",
         ) from None
 
 
@@ -265,28 +267,27 @@ def _classify(ctx: Context, job: RenderJob, attempt: Attempt, out: render.Render
             next_action="Free space on the spool's disk (spool gc helps).",
             retryable=True,
         )
-    if out.returncode is not None and out.returncode < 0:
-        # Killed by a signal we did not send: the OOM killer, an operator. Retry.
-        raise Failed(
-            "render",
-            "ffmpeg_killed",
-            f"FFmpeg was killed by signal {-out.returncode}",
-            expected="exit status 0",
-            actual=f"signal {-out.returncode}",
-            log_excerpt=out.log_tail[-8:],
-            next_action="Check memory (limits.memory) and the system log.",
-            retryable=True,
-        )
     if out.returncode != 0:
+        output = attempt.work / job.output.file
+        wrote = output.exists() and output.stat().st_size > 0
+        fault, evidence = health.classify_exit(out.returncode, out.log_tail, wrote)
+        killed = out.returncode is not None and out.returncode < 0
         raise Failed(
             "render",
-            "ffmpeg_exit_status",
-            f"FFmpeg exited with status {out.returncode}",
-            expected=0,
-            actual=out.returncode,
-            log_excerpt=out.log_tail[-8:],
-            next_action="Read the log (spool logs JOB); fix the recipe or sources in a new revision, "
-            "or spool retry if the cause was temporary.",
+            "ffmpeg_killed" if killed else "ffmpeg_exit_status",
+            f"FFmpeg was killed by signal {-(out.returncode or 0)}"
+            if killed
+            else f"FFmpeg exited with status {out.returncode}",
+            expected="exit status 0" if killed else 0,
+            actual=f"signal {-(out.returncode or 0)}" if killed else out.returncode,
+            log_excerpt=[f"host-class: {evidence}" if fault == "host" else evidence, *out.log_tail[-8:]],
+            next_action=(
+                "Check this host (memory, limits.memory, FFmpeg's build and fonts: spool logs JOB)."
+                if fault == "host"
+                else "Read the log (spool logs JOB); fix the recipe or sources in a new revision, "
+                "or spool retry if the cause was temporary."
+            ),
+            fault=fault,
         )
 
 
