@@ -95,7 +95,12 @@ class Render(Kind[RenderJob]):
         return job
 
     def spec(self, job: RenderJob) -> object:
-        return job.recipe
+        """The recipe, and the layer plan frozen with it: both decide what is drawn,
+        so an edit to either is caught at claim. A job without layers hashes its
+        recipe alone, as jobs always have."""
+        if not job.layers:
+            return job.recipe
+        return {"recipe": job.recipe, "layers": job.layers}
 
     # -- an attempt ---------------------------------------------------------------
     def produce(self, ctx: Context, job: RenderJob, attempt: Attempt) -> Produced:
