@@ -28,8 +28,8 @@ from typing import BinaryIO
 
 from .attempt import Attempt
 from .config import Limits
+from .ffcommand import Command
 from .model import Progress, now
-from .recipe import Command
 from .secrets import child_env, redact_bytes
 from .supervise import Stopped, supervise
 
