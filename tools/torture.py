@@ -66,7 +66,9 @@ def job(i: int, assets: Path, rng: random.Random) -> dict[str, object]:
         steps.append({"op": "overlay", "source": "logo", "scale": 0.2})
         sources["logo"] = str(assets / "logo.png")
     if rng.random() < 0.5:
-        steps.append({"op": "text", "text": f"take {i}: 50% off — 'now'", "size": 12, "box": True})
+        # "shrink": a label must fit the safe area of the smallest frames drawn here (issue 15)
+        text = f"take {i}: 50% off — 'now'"
+        steps.append({"op": "text", "text": text, "size": 12, "box": True, "fit": "shrink"})
     if rng.random() < 0.3:
         steps.append({"op": "audio", "mode": "mix", "source": "music"})
         sources["music"] = str(assets / "music.m4a")
