@@ -34,7 +34,7 @@ import invariants
 import pytest
 from conftest import minimal, run_cli, wait_for, write_json
 
-from spool import accept, config, doctor, liveness, status
+from spool import accept, config, doctor, liveness, records, status
 from spool import tree as tree_mod
 from spool.model import WorkerRecord, encode, now
 from spool.status import read
@@ -410,7 +410,7 @@ def test_read_retries_a_short_read(tree, monkeypatch):
             raise a
         return a
 
-    monkeypatch.setattr(status, "read_retrying", flaky)
+    monkeypatch.setattr(records, "read_retrying", flaky)
     assert status.read(tree.worker_file(rec.worker), WorkerRecord) == rec
     # malformed (not merely short) content is not retried: it is just unreadable
     answers[:] = [b"{not json", whole]
@@ -456,7 +456,7 @@ def test_a_heartbeat_caught_mid_replace_is_not_a_missing_worker(tree, monkeypatc
             raise a
         return a
 
-    monkeypatch.setattr(status, "read_retrying", flaky)
+    monkeypatch.setattr(records, "read_retrying", flaky)
     assert status.read(tree.worker_file(rec.worker), WorkerRecord, replaced=True) == rec
     answers[:] = [FileNotFoundError(errno.ENOENT, "gone")]
     assert status.read(tree.worker_file(rec.worker), WorkerRecord) is None  # other records: absent
