@@ -353,3 +353,62 @@ def test_late_completion_of_an_abandoned_attempt_is_recorded_never_used(
         transition(gen, "retrieving", "w1", output_url=late.outputs[0])
     assert read(gen).state == "failed" and "late-completion.json" in visible(gen)
     p.close()
+
+
+# -- two NAS clients ---------------------------------------------------------------------------
+
+MULTIMOUNT = Path(__file__).resolve().parents[1] / "tools" / "multimount"
+
+
+@pytest.fixture(scope="module")
+def two_mounts(tmp_path_factory: pytest.TempPathFactory) -> object:
+    """One export mounted twice with sshfs (tools/multimount), as two workstations see a NAS."""
+    if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
+        pytest.skip("tools/multimount needs root and /dev/fuse")
+    d = tmp_path_factory.mktemp("gen-nas")
+    up = subprocess.run(
+        [str(MULTIMOUNT), "up", str(d), "--mounts", "2", "--cache", "low"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if up.returncode == 2:
+        pytest.skip(f"FUSE is unavailable: {up.stderr.strip()}")
+    assert up.returncode == 0, up.stderr
+    try:
+        yield d / "export", d / "a", d / "b"
+    finally:
+        subprocess.run([str(MULTIMOUNT), "down", str(d)], capture_output=True, timeout=120, check=True)
+
+
+def test_two_mounts_racing_exactly_one_wins_each_transition(two_mounts: tuple[Path, Path, Path]) -> None:
+    export, a, b = two_mounts
+    rounds = 15
+    (export / "race").mkdir()
+    for i in range(rounds):
+        d = export / "race" / f"a{i:03d}"
+        begin(d, intent(f"j@1/{i}"), by="setup")
+        transition(d, "generating", "setup", provider_job_id=f"p{i}")
+    start = time.time() + 2.0
+    procs = {
+        me: subprocess.Popen(
+            [sys.executable, "-c", RACER, str(mount / "race"), str(start), me, target],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for me, mount, target in (
+            ("a-ok", a, "retrieving"),
+            ("a-fail", a, "failed"),
+            ("b-ok", b, "retrieving"),
+            ("b-fail", b, "failed"),
+        )
+    }
+    won = {me: p.communicate(timeout=300)[0].split() for me, p in procs.items()}
+    for i in range(rounds):
+        name = f"a{i:03d}"
+        winners = [me for me, names in won.items() if name in names]
+        assert len(winners) == 1, (name, winners)
+        view = read(export / "race" / name)  # the file server's own view is the truth
+        assert view.record is not None and view.record.reason == winners[0]
+        assert len([n for n in os.listdir(export / "race" / name) if n.startswith("state.")]) == 1
+    assert sum(len(v) for v in won.values()) == rounds

@@ -485,3 +485,49 @@ def test_plug_in_kind_loads_from_the_entry_point_group(
     assert type(p).__name__ == "Acme" and p.kind == "acme"
     assert wait_final(p, p.create("acme/video-1", {"prompt": "plugged"}, key="k").id).status == "succeeded"
     monkeypatch.delitem(sys.modules, "acme_spool", raising=False)
+
+
+def test_token_env_names_register_with_spool_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A variable whose name does not look secret (RW_KEY) is masked once the config names it."""
+    value = "rw-live-key-value-0987654321"
+    monkeypatch.setenv("RW_KEY", value)
+    cfg = parse_provider(
+        "rw", {"kind": "runway", "base_url": "https://api.dev.runwayml.com", "token_env": "RW_KEY"}
+    )
+    try:
+        secrets.install_from([], [])
+        assert secrets.redact(f"x {value} y") == f"x {value} y"
+        secrets.install_from(secret_names([cfg]), [])
+        assert secrets.redact(f"x {value} y") == "x [redacted] y"
+    finally:
+        secrets.install([])
+
+
+def test_simulator_runs_standalone_on_a_port() -> None:
+    import json
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tools = Path(__file__).resolve().parents[1] / "tools"
+    proc = subprocess.Popen(
+        [sys.executable, str(tools / "provsim.py"), "--port", str(port), "--token", TOKEN],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and f"127.0.0.1:{port}" in proc.stdout.readline()
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/models/acme/video-1/predictions",
+            data=json.dumps({"input": {"prompt": "standalone"}}).encode(),
+            headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert json.load(r)["status"] == "starting"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/_sim/stats", timeout=10) as r:
+            assert json.load(r) == {"create": 1, "jobs": 1}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
