@@ -264,7 +264,7 @@ def test_poll_429_carries_retry_after(make: Callable[..., Provider]) -> None:
     p = make("replicate")
     job = p.create("acme/video-1", {"prompt": "busy #fault=ratelimit:1:3"}, key="k")
     err = fails(lambda: p.get(job.id))
-    assert (err.code, err.retry_after) == ("rate_limited", 3.0)
+    assert (err.code, err.retry_after, err.poll_outcome) == ("rate_limited", 3.0, "rate_limited")
     assert p.get(job.id).id == job.id
 
 
@@ -272,7 +272,7 @@ def test_slow_poll_times_out_as_retryable(make: Callable[..., Provider]) -> None
     p = make("replicate", request_timeout=0.3)
     job = p.create("acme/video-1", {"prompt": "slow #fault=slow:1"}, key="k")
     err = fails(lambda: p.get(job.id))
-    assert (err.outcome, err.code) == ("retryable", "timeout")
+    assert (err.outcome, err.code, err.poll_outcome) == ("retryable", "timeout", "error")
 
 
 def test_lost_job_is_final_with_next_action(make: Callable[..., Provider]) -> None:
@@ -280,7 +280,7 @@ def test_lost_job_is_final_with_next_action(make: Callable[..., Provider]) -> No
     job = p.create("acme/video-1", {"prompt": "forgotten #fault=lose:1"}, key="k")
     p.get(job.id)
     err = fails(lambda: p.get(job.id))
-    assert (err.outcome, err.code, err.http_status) == ("final", "lost", 404)
+    assert (err.outcome, err.code, err.http_status, err.poll_outcome) == ("final", "lost", 404, "done")
     assert "spool retry submits again" in str(err)
 
 

@@ -140,6 +140,13 @@ class ProviderError(SpoolError):
         return self.outcome == "retryable"
 
     @property
+    def poll_outcome(self) -> str:
+        """This failure as :data:`spool.polling.Outcome` (``done``: stop polling, the attempt fails)."""
+        if self.code in ("rate_limited", "server_error"):
+            return self.code
+        return "error" if self.outcome == "retryable" else "done"
+
+    @property
     def back_pressure(self) -> bool:
         """Whether the whole provider (not just this job) should be left alone for a while."""
         return self.code in ("rate_limited", "server_error")
