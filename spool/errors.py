@@ -45,3 +45,40 @@ class NotFound(SpoolError):
 class LostOwnership(SpoolError):
     """This worker no longer owns the job (it was recovered elsewhere): the
     fencing check at a commit point failed, so nothing may be published."""
+
+
+class Failed(Exception):
+    """A located failure of one attempt: carries the fields of its failure record.
+
+    Raised by a kind while producing or checking a candidate, and by the publish
+    path; :mod:`spool.execute` writes the record and moves the job (to
+    ``failed/``, or back to ``pending/`` when ``retryable`` and attempts remain).
+    """
+
+    def __init__(
+        self,
+        stage: str,
+        prop: str,
+        message: str,
+        *,
+        expected: object = None,
+        actual: object = None,
+        log_excerpt: list[str] | None = None,
+        next_action: str,
+        retryable: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.fields: dict[str, object] = dict(
+            stage=stage,
+            property=prop,
+            message=message,
+            expected=expected,
+            actual=actual,
+            log_excerpt=log_excerpt or [],
+            next_action=next_action,
+            retryable=retryable,
+        )
+
+
+class Interrupted(Exception):
+    """The daemon is stopping: the attempt ends as interrupted, the job returns to pending."""

@@ -21,45 +21,27 @@ import json
 import os
 import re
 import time
-from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from . import accept, claim, recipe, retry
+from . import accept, recipe, retry
 from .attempt import open_attempt, write_failure
 from .config import Config
 from .decoding import convert
-from .errors import InvalidInput, NotFound, NotReady
+from .errors import Failed, InvalidInput, NotFound, NotReady
 from .events import Journal
-from .model import Failure, Job, Manifest, Record, decode, encode, now
+from .model import Approval, CancelRequest, Failure, Manifest, decode, encode, now
 from .status import load_job, locate, read
-from .tree import HOST, Tree, make_dirs, rename_durable, write_atomic
+from .tree import HOST, Tree, make_dirs, rename_durable, transfer, write_atomic
+
+if TYPE_CHECKING:
+    from .kinds import Job
 
 #: The worker name under which a command briefly holds a job it is cancelling.
 CANCELLER = f"{HOST}-cancel"
 _USER = re.compile(r"^[A-Za-z0-9._@+-]{1,64}$")
-
-
-class CancelRequest(Record, kw_only=True):
-    """``attempts/J/cancel.json``: stop this job; its worker acts on it."""
-
-    job_id: str
-    by: str
-    reason: str
-    at: datetime
-
-
-class Approval(Record, kw_only=True):
-    """``approvals/J/<sha256>.<by>.json``: someone approved this exact output."""
-
-    job_id: str
-    sha256: str
-    store_path: str
-    by: str
-    note: str = ""
-    at: datetime
 
 
 def _require(tree: Tree, job_id: str, *states: str) -> Any:
@@ -195,7 +177,7 @@ def cancel(
             raise NotReady(f"{job_id} was claimed a moment ago; run spool cancel again") from None
         att = open_attempt(tree, job_id, CANCELLER, reason="cancel")
         write_failure(att, cancelled_failure(job_id, att.n, CANCELLER, why, loc.state))
-        claim.move(tree, CANCELLER, job_id, "failed")
+        transfer(dst, tree.job_file("failed", job_id))
         journal.record(
             job_id, "failed", from_=loc.state, attempt=att.n, reason=why, stage="cancel", property="cancelled"
         )
@@ -249,3 +231,14 @@ def cancelled_failure(job_id: str, attempt: int, worker: str, why: str, state: s
         worker=worker,
         failed_at=now(),
     )
+
+
+def raise_if_cancelled(tree: Tree, job_id: str, attempt: int, worker: str) -> None:
+    """An operator asked to cancel this job (``spool cancel``): end the attempt here,
+    as a located failure of stage ``cancel``."""
+    req = cancel_requested(tree, job_id)
+    if req is not None:
+        f = cancelled_failure(job_id, attempt, worker, req.reason, "running")
+        raise Failed(
+            "cancel", "cancelled", req.reason, expected=f.expected, actual=f.actual, next_action=f.next_action
+        )

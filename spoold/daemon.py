@@ -3,7 +3,8 @@
 One loop iteration:
 
 1. accept what finished arriving in ``incoming/`` (never dies on bad input);
-2. claim pending jobs, best first, into free render slots (``max_active``);
+2. claim pending jobs, best first, while the pool each draws from has room
+   (render slots: ``max_active``; see spool.pools);
 3. refresh the heartbeat when it is due;
 4. sleep until inotify, a finished render, a signal or the poll timer wakes it.
 
@@ -22,11 +23,12 @@ import threading
 import time
 from types import FrameType
 
-from spool import accept, claim, doctor, fsck, recover
+from spool import accept, claim, doctor, fsck, quarantine, recover
 from spool.config import Config
 from spool.events import Journal
 from spool.execute import Context, execute
 from spool.faults import crashpoint
+from spool.pools import Pools, capacities
 from spool.status import count
 from spool.tree import Tree, make_dirs, visible_names
 from spool.workers import Heartbeat, Identity
@@ -54,7 +56,10 @@ class Daemon:
         self.journal = Journal(tree, worker)
         self.ctx = Context(tree, cfg, worker, self.journal, self.interrupt)
         self.index = claim.PendingIndex(tree)
+        #: One thread per running attempt, whatever pool it draws from.
         self.slots: dict[str, threading.Thread] = {}
+        #: What each running attempt holds: a render slot, or a kind's own allowance.
+        self.pools = Pools(capacities(cfg))
         #: Temporary disk reserved per running job (its estimate), within limits.temp_disk.
         self.reserved: dict[str, int] = {}
         #: Own running jobs whose attempt thread died: job ID -> (next try, backoff seconds).
@@ -144,7 +149,7 @@ class Daemon:
             report.watch.value,
             report.watch.why,
         )
-        self.ctx.publish = "copy" if report.publish.value == "copy" else "link"
+        self.ctx.publish_by = "copy" if report.publish.value == "copy" else "link"
         return report.watch.value
 
     def _step(self) -> bool:
@@ -187,6 +192,7 @@ class Daemon:
                 state="stopping" if self.stopping else "running",
                 temp_disk_reserved=sum(self.reserved.values()),
                 oldest_pending_submitted=self.index.oldest_submitted(),
+                pools=self.pools.usage(),
             )
             self._next_beat = now + self.cfg.daemon.heartbeat_interval
         call(self.hooks, "tick", self)
@@ -208,13 +214,35 @@ class Daemon:
                 self.index.note(o.job.job_id)  # claimable in this very iteration
         return len(outcomes)
 
+    def _quarantine_damaged(self) -> None:
+        """Files in ``pending/`` that can never be claimed leave the queue at once
+        (a silent skip would hang ``--drain`` and hide them from everyone)."""
+        for jid in self.index.take_damaged():
+            path = self.tree.job_file("pending", jid)
+            try:
+                quarantine.load(path)
+                continue  # readable now (it was being replaced): the next scan indexes it
+            except quarantine.Damaged as damage:
+                if quarantine.quarantine(self.tree, path, "pending", damage, self.worker):
+                    self.stats["quarantined"] = self.stats.get("quarantined", 0) + 1
+                    self.journal.record(
+                        jid, "quarantine", from_="pending", reason=f"{damage.field}: {damage.reason}"
+                    )
+            except OSError:
+                continue
+
     def _fill_slots(self) -> None:
-        free = self.cfg.limits.max_active - len(self.slots)
-        if free <= 0:
+        """Claim the best pending jobs while their pools have room (a job whose
+        pool is full waits; one from another pool may still go)."""
+        self._quarantine_damaged()
+        if self.pools.full():
             return
         for jid in self.index.ordered():
-            if free <= 0 or self.stopping:
+            if self.stopping or self.pools.full():
                 break
+            pool = self.index.pool(jid)
+            if not self.pools.has_room(pool):
+                continue
             need = self.index.estimate(jid)
             if not self._disk_allows(need):
                 if jid not in self._disk_warned:
@@ -232,11 +260,11 @@ class Daemon:
                 continue
             self.stats["claims"] += 1
             self.reserved[jid] = need
+            self.pools.take(jid, pool)
             crashpoint("after_claim")
             t = threading.Thread(target=self._run_job, args=(jid,), name=f"job-{jid}", daemon=True)
             self.slots[jid] = t
             t.start()
-            free -= 1
 
     def _run_job(self, jid: str) -> None:
         try:
@@ -280,6 +308,7 @@ class Daemon:
             if jid in finished or not t.is_alive():
                 del self.slots[jid]
                 self.reserved.pop(jid, None)
+                self.pools.give_back(jid)
 
     def _disk_allows(self, need: int) -> bool:
         """Reserve before claiming: within the allowance, and actually free on disk."""

@@ -14,7 +14,8 @@ from conftest import minimal, submission
 from spool import accept, claim, execute
 from spool.config import Config
 from spool.events import Journal
-from spool.model import Failure, Job, Manifest, decode
+from spool.kinds import Job
+from spool.model import Failure, Manifest, decode
 from spool.tree import Tree
 
 

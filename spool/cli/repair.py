@@ -8,7 +8,7 @@ import typer
 
 from ..errors import EXIT_ERROR, NotFound, SpoolError
 from ..events import Journal
-from ..model import Job, Manifest
+from ..model import Manifest
 from ..tree import HOST
 from .common import JsonOpt, SpoolOpt, app, fail, open_spool, print_json
 
@@ -149,8 +149,7 @@ def verify_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Re-hash published outputs against their manifests (and optionally re-validate them)."""
-    from .. import status, store
-    from ..execute import check_candidate
+    from .. import kinds, status, store
 
     tree, cfg = open_spool(spool, as_json)
     ids = job or sorted(j for j, _ in status.job_ids(tree, "complete"))
@@ -164,8 +163,8 @@ def verify_cmd(
         if problem is None and revalidate:
             found = status.load_job(tree, jid)
             if found is not None:
-                j: Job = found[0]
-                rep = check_candidate(
+                j = found[0]
+                rep = kinds.of(j).check(
                     cfg, j, tree.root / m.output.store_path, tree.job_attempts(jid) / "verify.log"
                 )
                 if not rep.ok:
