@@ -53,6 +53,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -62,6 +63,7 @@ import msgspec
 
 from .errors import SpoolError
 from .model import Record, canonical_json, decode, encode, now
+from .polling import Persisted
 from .tree import VANISHED, fsync_dir, link_no_replace, make_dirs, read_retrying, temp_name, write_atomic
 
 GenState = Literal["submitted", "generating", "retrieving", "stored", "indexed", "failed"]
@@ -559,3 +561,34 @@ def submit(
     return transition(
         gen, "generating", by, expect="submitted", provider_job_id=job.id, provider_status=job.raw_status
     )
+
+
+# -- the poll schedule after a restart ----------------------------------------------------
+
+
+def poll_entry(view: View, now: float) -> Persisted | None:
+    """The scheduler entry of an attempt waiting at its provider, from its files.
+
+    Only ``generating`` attempts are polled. Without a ``poll.json`` (lost with a
+    crash: it is not fsynced) the attempt is due at once; the deadline comes
+    from the intent.
+    """
+    if view.state != "generating" or view.record is None:
+        return None
+    intent = view.record.intent
+    poll = view.poll or PollProgress()
+    return Persisted(
+        key=intent.key,
+        provider=intent.provider,
+        next_poll_at=poll.next_poll_at if poll.next_poll_at is not None else now,
+        polls=poll.polls,
+        deadline=intent.deadline_at,
+    )
+
+
+def poll_entries(gen_dirs: Iterable[Path], now: float) -> Iterator[Persisted]:
+    """:func:`poll_entry` of each attempt (the daemon passes its running jobs' current attempts)."""
+    for gen in gen_dirs:
+        entry = poll_entry(read(gen), now)
+        if entry is not None:
+            yield entry

@@ -412,3 +412,42 @@ def test_two_mounts_racing_exactly_one_wins_each_transition(two_mounts: tuple[Pa
         assert view.record is not None and view.record.reason == winners[0]
         assert len([n for n in os.listdir(export / "race" / name) if n.startswith("state.")]) == 1
     assert sum(len(v) for v in won.values()) == rounds
+
+
+def test_the_poll_schedule_is_rebuilt_from_the_attempts_files(tmp_path: Path) -> None:
+    import random
+
+    from spool.polling import PollScheduler
+    from spool.providers.config import Polling
+
+    t = time.time()
+    gens = []
+    for i, (polls, nxt) in enumerate([(3, t + 40), (7, t - 5), (None, None)]):
+        gen = tmp_path / f"g{i}" / "gen"
+        begin(gen, intent(f"j{i}@1/1", deadline=t + 30), by="w1")
+        transition(gen, "generating", "w1", provider_job_id=f"p{i}")
+        if polls is not None:
+            save_poll(gen, PollProgress(polls=polls, next_poll_at=nxt, last_provider_status="processing"))
+        gens.append(gen)
+    done = tmp_path / "done" / "gen"
+    begin(done, intent("d@1/1"), by="w1")
+    transition(done, "failed", "w1", reason="x")
+    entries = list(gen_mod.poll_entries([*gens, done], now=t))
+    assert [(e.key, e.polls) for e in entries] == [("j0@1/1", 3), ("j1@1/1", 7), ("j2@1/1", 0)]
+    clock = [t]
+    s = PollScheduler.rebuild(entries, {"sim": Polling()}, clock=lambda: clock[0], rng=random.Random(1))
+    # Overdue and never-polled attempts are due at once; the deadline caps the 40 s wait.
+    assert sorted(d.key for d in s.pop_due()) == ["j1@1/1", "j2@1/1"]
+    assert s.due_time("j0@1/1") == t + 30
+
+
+def test_each_provider_draws_from_its_own_pool() -> None:
+    from spool.providers.config import pool_capacities
+
+    cfgs = [
+        parse_provider(
+            "rep", {"kind": "replicate", "base_url": "https://a", "token_env": "T", "in_flight": 500}
+        ),
+        parse_provider("rw", {"kind": "runway", "base_url": "https://b", "token_env": "U"}),
+    ]
+    assert pool_capacities(cfgs) == {"provider:rep": 500, "provider:rw": 50}

@@ -186,6 +186,16 @@ def parse_providers(tables: Any) -> dict[str, ProviderConfig]:
     return {name: parse_provider(name, table) for name, table in tables.items()}
 
 
+def pool_name(provider: str) -> str:
+    """The resource pool a provider's generations draw from (see :mod:`spool.pools`)."""
+    return f"provider:{provider}"
+
+
+def pool_capacities(configs: Iterable[ProviderConfig]) -> dict[str, int]:
+    """``{pool: in_flight}`` for :func:`spool.pools.capacities` to merge with the render pool."""
+    return {pool_name(c.name): c.in_flight for c in configs}
+
+
 def secret_names(configs: Iterable[ProviderConfig]) -> list[str]:
     """The environment variables whose values :mod:`spool.secrets` must mask."""
     return sorted({c.token_env for c in configs})
