@@ -349,6 +349,15 @@ def test_wrong_checksum_is_detected_and_leaves_nothing(make: Callable[..., Provi
     assert (err.outcome, err.code) == ("retryable", "checksum") and not dest.exists()
 
 
+def test_a_compressed_download_is_decoded_and_checked_against_repr_digest(
+    make: Callable[..., Provider], tmp_path: Path
+) -> None:
+    p = make("replicate")
+    got = p.download(_succeeded(p, "squeezed #fault=gzip").outputs[0], tmp_path / "z.mp4")
+    data = (tmp_path / "z.mp4").read_bytes()
+    assert got.checksum_checked and data[4:8] == b"ftyp" and got.size == len(data)
+
+
 def test_expected_sha256_mismatch_is_detected(make: Callable[..., Provider], tmp_path: Path) -> None:
     p = make("replicate")
     job = _succeeded(p, "fine")

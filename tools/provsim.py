@@ -38,6 +38,7 @@ job: ``POST /_sim/control {"faults": [...]}``. Names:
 ``duplicate``       the create makes a second, identical job (listing finds two)
 ``late:S``          a cancelled job still succeeds S seconds later
 ``expire:S``        output URLs expire S seconds after success
+``gzip``            downloads come gzip-encoded (with a ``Repr-Digest`` of the video)
 ``lose:N``          after N polls the provider forgets the job (404)
 ==================  ===========================================================
 
@@ -55,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import gzip
 import hashlib
 import hmac
 import json
@@ -537,8 +539,19 @@ class _Handler(BaseHTTPRequestHandler):
         digest = hashlib.sha256(b"other bytes" if "bad_checksum" in job.faults else data).digest()
         self.send_response(200)
         self.send_header("Content-Type", "text/plain" if "not_video" in job.faults else "video/mp4")
-        self.send_header("Content-Length", str(len(data)))
-        self.send_header("Content-Digest", f"sha-256=:{base64.b64encode(digest).decode()}:")
+        if "gzip" not in job.faults:
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("Content-Digest", f"sha-256=:{base64.b64encode(digest).decode()}:")
+        else:
+            packed = gzip.compress(data, mtime=0)
+            self.send_header("Content-Length", str(len(packed)))
+        if "gzip" in job.faults:
+            # Compressed in transit although the client asked for identity; Repr-Digest covers the video.
+            self.send_header("Content-Encoding", "gzip")
+            self.send_header("Repr-Digest", f"sha-256=:{base64.b64encode(digest).decode()}:")
+            self.end_headers()
+            self.wfile.write(packed)
+            return
         if "truncate" in job.faults:
             self.send_header("Connection", "close")
             self.end_headers()

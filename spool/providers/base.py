@@ -189,9 +189,15 @@ def classify_status(code: int) -> tuple[Outcome, str]:
     return "final", "invalid"
 
 
-def parse_content_digest(headers: Mapping[str, str]) -> str | None:
-    """The sha-256 a server states for a body (RFC 9530 ``Content-Digest``/``Repr-Digest``), as hex."""
-    for name in ("content-digest", "repr-digest"):
+def parse_content_digest(
+    headers: Mapping[str, str], names: tuple[str, ...] = ("content-digest", "repr-digest")
+) -> str | None:
+    """The sha-256 a server states for a body (RFC 9530 ``Content-Digest``/``Repr-Digest``), as hex.
+
+    ``Content-Digest`` covers the bytes as sent, ``Repr-Digest`` the decoded
+    representation: with a ``Content-Encoding`` only the latter applies to the file.
+    """
+    for name in names:
         raw = headers.get(name)
         if not raw:
             continue
@@ -390,7 +396,7 @@ class HttpProvider(Provider):
         limit = self.config.download.max_bytes_int
         digest = hashlib.sha256()
         size = 0
-        headers = {}
+        headers = {"Accept-Encoding": "identity"}
         if _origin(url) == _origin(self.config.base_url):
             headers["Authorization"] = f"Bearer {self._token}"
         try:
@@ -418,9 +424,17 @@ class HttpProvider(Provider):
                 declared = resp.headers.get("content-length")
                 if declared is not None and declared.isdigit() and int(declared) > limit:
                     raise self._too_large(int(declared), limit)
-                stated = parse_content_digest(resp.headers)
+                # spool asks for identity; a server that still compresses is decoded, and then
+                # only the representation's length and digest can be checked.
+                encoded = resp.headers.get("content-encoding", "identity").lower() != "identity"
+                if encoded:
+                    declared = None
+                stated = parse_content_digest(
+                    resp.headers, ("repr-digest",) if encoded else ("content-digest", "repr-digest")
+                )
+                chunks = resp.iter_bytes(1 << 16) if encoded else resp.iter_raw(1 << 16)
                 with open(dest, "wb") as f:
-                    for chunk in resp.iter_raw(1 << 16):
+                    for chunk in chunks:
                         size += len(chunk)
                         if size > limit:
                             raise self._too_large(size, limit)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import quote
 
 from .base import HttpProvider, Lookup, RemoteJob, Status, _origin
 
@@ -107,10 +108,10 @@ class Replicate(HttpProvider):
         return self.to_job(data, "create", creates=True)
 
     def get(self, job_id: str) -> RemoteJob:
-        return self.to_job(self.request("get", "GET", f"/v1/predictions/{job_id}"), "get")
+        return self.to_job(self.request("get", "GET", f"/v1/predictions/{quote(job_id, safe='')}"), "get")
 
     def cancel(self, job_id: str) -> None:
-        self.request("cancel", "POST", f"/v1/predictions/{job_id}/cancel")
+        self.request("cancel", "POST", f"/v1/predictions/{quote(job_id, safe='')}/cancel")
 
     def find(self, model: str, input: dict[str, Any], key: str, since: datetime) -> Lookup:
         path, version = split_model(model)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from datetime import datetime
 from typing import Any
+from urllib.parse import quote
 
 from .base import HttpProvider, Lookup, RemoteJob, Status
 
@@ -86,10 +87,10 @@ class Runway(HttpProvider):
         return RemoteJob(id=data["id"], status="queued", raw_status="PENDING")
 
     def get(self, job_id: str) -> RemoteJob:
-        return self.to_job(self.request("get", "GET", f"/v1/tasks/{job_id}"), "get")
+        return self.to_job(self.request("get", "GET", f"/v1/tasks/{quote(job_id, safe='')}"), "get")
 
     def cancel(self, job_id: str) -> None:
-        self.request("cancel", "DELETE", f"/v1/tasks/{job_id}")
+        self.request("cancel", "DELETE", f"/v1/tasks/{quote(job_id, safe='')}")
 
     def find(self, model: str, input: dict[str, Any], key: str, since: datetime) -> Lookup:
         return Lookup(outcome="unsupported")
