@@ -320,6 +320,22 @@ def test_runway_lost_reply_fails_with_the_next_action(sim: ProviderSim, tmp_path
     p.close()
 
 
+def test_a_duplicate_completion_cannot_move_the_attempt_twice(sim: ProviderSim, tmp_path: Path) -> None:
+    p = _provider(sim)
+    gen = tmp_path / "gen"
+    begin(gen, intent(), by="w1")
+    rec = submit(gen, p, {"prompt": "again and again #fault=recomplete"}, "w1")
+    time.sleep(0.3)
+    first = p.get(rec.provider_job_id)  # type: ignore[arg-type]
+    second = p.get(rec.provider_job_id)  # type: ignore[arg-type]
+    assert first.status == second.status == "succeeded" and first.outputs != second.outputs
+    transition(gen, "retrieving", "w1", expect="generating", output_url=first.outputs[0])
+    with pytest.raises(Conflict, match="not generating"):
+        transition(gen, "retrieving", "w2", expect="generating", output_url=second.outputs[0])
+    assert read(gen).record.output_url == first.outputs[0]  # type: ignore[union-attr]
+    p.close()
+
+
 def test_late_completion_of_an_abandoned_attempt_is_recorded_never_used(
     sim: ProviderSim, tmp_path: Path
 ) -> None:

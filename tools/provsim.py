@@ -36,6 +36,7 @@ job: ``POST /_sim/control {"faults": [...]}``. Names:
 ``bad_checksum``    downloads state a Content-Digest of other bytes
 ``not_video``       the output is text, not an MP4
 ``duplicate``       the create makes a second, identical job (listing finds two)
+``recomplete``      a finished job reports completion again on every poll, with a new output URL
 ``late:S``          a cancelled job still succeeds S seconds later
 ``expire:S``        output URLs expire S seconds after success
 ``gzip``            downloads come gzip-encoded (with a ``Repr-Digest`` of the video)
@@ -286,7 +287,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _output_url(self, job: SimJob) -> str:
         exp = int((job.succeeded_at or time.time()) + job.arg("expire", 0, 86400.0) + 0.999)
         sig = hmac.new(_SECRET, f"{job.id}:{exp}".encode(), hashlib.sha256).hexdigest()[:16]
-        return self._url(f"/files/{job.id}.mp4?exp={exp}&sig={sig}")
+        run = f"&run={job.polls}" if "recomplete" in job.faults else ""  # "completed again": a new URL
+        return self._url(f"/files/{job.id}.mp4?exp={exp}&sig={sig}{run}")
 
     def _replicate_json(self, job: SimJob) -> dict[str, Any]:
         status = job.status(time.time())
