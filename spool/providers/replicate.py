@@ -21,7 +21,7 @@ fails the attempt with "check the provider; spool retry submits again").
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import quote
 
@@ -55,9 +55,10 @@ def _iso(value: str | None) -> datetime | None:
     if not value:
         return None
     try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         return None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
 class Replicate(HttpProvider):
@@ -114,6 +115,8 @@ class Replicate(HttpProvider):
         self.request("cancel", "POST", f"/v1/predictions/{quote(job_id, safe='')}/cancel")
 
     def find(self, model: str, input: dict[str, Any], key: str, since: datetime) -> Lookup:
+        if since.tzinfo is None:
+            since = since.replace(tzinfo=UTC)
         path, version = split_model(model)
         matches: list[RemoteJob] = []
         searched = 0
