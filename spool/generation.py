@@ -27,6 +27,10 @@ host or across NAS clients, built from two exclusive operations:
    rename of a name can succeed (the others find it gone), so exactly one
    transition out of each state wins. A loser removes its record.
 
+Callers pass ``expect=``, the state their decision was based on, so a
+decision made on a stale view (a second "succeeded" for an attempt already
+retrieving) loses instead of applying to a later state.
+
 A record whose transition never completed (its writer lost the rename, or
 died between the link and the rename) is recognisable: its ``from_state`` is
 not the current state. It is ignored and removed by the next contender that
