@@ -258,7 +258,11 @@ def reject(
     stem = _free_stem(tree, _stem(original_name), original_name)
     dest = tree.rejected / f"{stem}.json"
     rec = Rejection(
-        file=original_name, field=error.field, reason=redact(str(error)), rejected_at=now(), rejected_by=by
+        file=original_name,
+        field=redact(error.field),  # a field can name a tag or role that is a secret
+        reason=redact(str(error)),
+        rejected_at=now(),
+        rejected_by=by,
     )
     write_atomic(tree.rejected / f"{stem}.error.json", encode(rec))
     if move_from is not None:

@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import msgspec
 
-from . import kinds, pools, retry
+from . import blocklist, kinds, pools, retry
 from .model import Record
 from .tree import NotRegular, Tree, read_regular, transfer, visible_names
 
@@ -58,8 +58,12 @@ class PendingIndex:
     applied name by name (:meth:`note`).
     """
 
-    def __init__(self, tree: Tree) -> None:
+    def __init__(self, tree: Tree, worker: str | None = None) -> None:
         self.tree = tree
+        #: The worker claiming: jobs whose blocklist names it are never offered to it.
+        self.worker = worker
+        #: job IDs in pending/ that block this worker (spool.blocklist)
+        self._blocked: set[str] = set()
         self._keys: dict[str, _Key] = {}
         self._sorted: list[_Key] = []
         self._stale = 0
@@ -153,12 +157,20 @@ class PendingIndex:
                 wait_until = retry.not_before(self.tree, k.job_id)
                 if wait_until is not None:
                     self._delayed[k.job_id] = wait_until
+                if self.worker is not None and blocklist.blocks(self.tree, k.job_id, self.worker):
+                    self._blocked.add(k.job_id)
+            if k.job_id in self._blocked:
+                continue
             until = self._delayed.get(k.job_id)
             if until is not None:
                 if until > t:
                     continue
                 del self._delayed[k.job_id]
             yield k.job_id
+
+    def claimable(self) -> int:
+        """Pending jobs this worker could ever claim (not blocked for it)."""
+        return len(self._keys) - len(self._blocked)
 
     def oldest_submitted(self) -> float | None:
         """When the longest-waiting pending job was submitted (epoch seconds)."""
@@ -170,6 +182,7 @@ class PendingIndex:
         self._delayed.pop(jid, None)
         self._estimate.pop(jid, None)
         self._pool.pop(jid, None)
+        self._blocked.discard(jid)
         self._checked.discard(jid)
 
 

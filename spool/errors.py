@@ -48,11 +48,12 @@ class LostOwnership(SpoolError):
 
 
 class Failed(Exception):
-    """A located failure of one attempt: carries the fields of its failure record.
+    """A located failure of one attempt: what its failure record will say.
 
     Raised by a kind while producing or checking a candidate, and by the publish
     path; :mod:`spool.execute` writes the record and moves the job (to
-    ``failed/``, or back to ``pending/`` when ``retryable`` and attempts remain).
+    ``failed/``, back to ``pending/`` when ``retryable`` and attempts remain, or on
+    to another worker when ``fault`` is ``"host"``).
     """
 
     def __init__(
@@ -66,18 +67,18 @@ class Failed(Exception):
         log_excerpt: list[str] | None = None,
         next_action: str,
         retryable: bool = False,
+        fault: str = "job",
     ) -> None:
         super().__init__(message)
-        self.fields: dict[str, object] = dict(
-            stage=stage,
-            property=prop,
-            message=message,
-            expected=expected,
-            actual=actual,
-            log_excerpt=log_excerpt or [],
-            next_action=next_action,
-            retryable=retryable,
-        )
+        self.stage = stage
+        self.property = prop
+        self.message = message
+        self.expected = expected
+        self.actual = actual
+        self.log_excerpt = list(log_excerpt or [])
+        self.next_action = next_action
+        self.retryable = retryable
+        self.fault = fault
 
 
 class Interrupted(Exception):

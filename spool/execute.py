@@ -23,17 +23,17 @@ from typing import Any
 
 import msgspec
 
-from . import intent, kinds, quarantine, retry
+from . import blocklist, intent, kinds, quarantine, retry
 from .attempt import Attempt, open_attempt, write_failure
 from .context import Context
 from .errors import Failed, Interrupted, LostOwnership
 from .events import Journal
 from .faults import crashpoint
 from .kinds.render import drop_partial
-from .model import Failure, Interruption, JobBase, ValidationReport, now
+from .model import BlockEntry, Failure, Interruption, JobBase, ValidationReport, now
 from .publish import publish
 from .secrets import redact
-from .tree import transfer
+from .tree import HOST, transfer
 
 __all__ = ["Context", "Journal", "execute", "scrub"]
 
@@ -42,8 +42,9 @@ log = logging.getLogger("spool.execute")
 
 def execute(ctx: Context, job_id: str) -> str:
     """Run a job this worker has just claimed. Returns the outcome: ``complete``,
-    ``failed``, ``retry``, ``interrupted``, ``lost`` (ownership lost) or
-    ``quarantined`` (the job file is damaged or was edited: never run)."""
+    ``failed``, ``retry``, ``interrupted``, ``lost`` (ownership lost),
+    ``quarantined`` (the job file is damaged or was edited: never run), or for a
+    host-class failure ``blocked`` (moved on to another worker) or ``host-failed``."""
     tree = ctx.tree
     path = tree.job_file("running", job_id, ctx.worker)
     try:
@@ -124,8 +125,9 @@ def _os_failure(exc: OSError, attempt: Attempt, job: JobBase) -> Failed:
         "io_error",
         f"an I/O error stopped the attempt ({exc.strerror or exc})",
         actual=str(exc),
-        next_action="Check the spool's disk and permissions.",
+        next_action="Check this host's disks, mounts and permissions.",
         retryable=True,
+        fault="host",  # a local disk or mount, not the job
     )
 
 
@@ -134,32 +136,104 @@ def _move(ctx: Context, job_id: str, to: str) -> bool:
 
 
 def _fail(ctx: Context, job: JobBase, attempt: Attempt, f: Failed) -> str:
-    """Record the failure in the attempt, then move the job to ``failed/`` (or, for a
-    retryable failure while attempts remain, back to ``pending/`` after a delay).
+    """Record the failure in the attempt, then move the job: to ``failed/``; back to
+    ``pending/`` after a delay (a retryable failure while attempts remain); or, for
+    a host-class failure, back to ``pending/`` at once for another worker, with this
+    worker on the job's blocklist (:mod:`spool.blocklist`).
 
-    The record's next action says which of the two happens: a retryable failure
-    states what to fix, and spool adds whether it retries by itself.
+    The record's next action says which of these happens.
     """
+    if f.fault == "host":
+        return _host_fault(ctx, job, attempt, f)
     limits = ctx.cfg.limits
-    retrying = bool(f.fields["retryable"]) and retry.may_retry(ctx.tree, job.job_id, limits.max_attempts)
-    if f.fields["retryable"]:
+    retrying = f.retryable and retry.may_retry(ctx.tree, job.job_id, limits.max_attempts)
+    if f.retryable:
         used = retry.claims_made(ctx.tree, job.job_id)
-        f.fields["next_action"] = f"{f.fields['next_action']} " + (
+        f.next_action = f"{f.next_action} " + (
             f"spool retries the job by itself (attempt {used + 1} of {limits.max_attempts})."
             if retrying
             else f"All {limits.max_attempts} attempts are used, so it is not retried by itself: "
             f"then run spool retry {job.job_id}."
         )
-    failure = scrub(
-        Failure(job_id=job.job_id, attempt=attempt.n, worker=ctx.worker, failed_at=now(), **f.fields)  # type: ignore[arg-type]
-    )
-    write_failure(attempt, failure)
+    failure = _record(ctx, job, attempt, f)
     what = f"{failure.stage}: {failure.property}"
     if retrying:
         wait = retry.schedule(ctx.tree, job.job_id, ctx.cfg.recovery, attempt.n, what)
-        to, outcome, reason = "pending", "retry", f"retry in {wait:.0f} s after {what}: {failure.message}"
-    else:
-        to, outcome, reason = "failed", "failed", f"{what}: {failure.message}"
+        return _end(ctx, job, attempt, failure, "pending", "retry", f"retry in {wait:.0f} s after {what}")
+    return _end(ctx, job, attempt, failure, "failed", "failed", what)
+
+
+def _host_fault(ctx: Context, job: JobBase, attempt: Attempt, f: Failed) -> str:
+    """This host, not the job: block this worker from the job, then move it on, or fail
+    it with every blocked worker's evidence when it cannot move on (blocklist.verdict)."""
+    tree, cfg = ctx.tree, ctx.cfg
+    entry = BlockEntry(
+        job_id=job.job_id,
+        worker=ctx.worker,
+        host=HOST,
+        attempt=attempt.n,
+        property=f.property,
+        message=redact(f.message),
+        log_excerpt=[redact(x) for x in f.log_excerpt],
+        at=now(),
+    )
+    blocklist.add(tree, entry)
+    crashpoint("after_blocklist")
+    blocked = blocklist.entries(tree, job.job_id)
+    others = blocklist.other_workers(tree, job.job_id, ctx.worker, cfg.recovery.stale_after)
+    v = blocklist.verdict(
+        blocked,
+        others,
+        retry.claims_made(tree, job.job_id),
+        cfg.limits.max_attempts,
+        cfg.health.fail_after_workers,
+    )
+    if v.fail:
+        f.message = f"{f.message}; failed as the job's fault: {v.why}"
+        f.log_excerpt = [f"{e.worker} (attempt {e.attempt}): {e.message}" for e in blocked] + f.log_excerpt
+        f.next_action = (
+            f"{f.next_action} Every blocked worker's evidence is in attempts/{job.job_id}/blocked-*.json; "
+            f"after fixing the hosts (or the job), run spool retry {job.job_id}."
+        )
+        failure = _record(ctx, job, attempt, f)
+        return _end(
+            ctx, job, attempt, failure, "failed", "host-failed", f"{failure.stage}: {failure.property}"
+        )
+    f.next_action = (
+        f"{f.next_action} Nothing to do for the job: {v.why}, and this worker will not claim it again."
+    )
+    failure = _record(ctx, job, attempt, f)
+    what = f"{failure.stage}: {failure.property} on {ctx.worker} (host-class)"
+    return _end(ctx, job, attempt, failure, "pending", "blocked", what)
+
+
+def _record(ctx: Context, job: JobBase, attempt: Attempt, f: Failed) -> Failure:
+    failure = Failure(
+        job_id=job.job_id,
+        attempt=attempt.n,
+        stage=f.stage,  # type: ignore[arg-type]
+        property=f.property,
+        expected=f.expected,
+        actual=f.actual,
+        message=f.message,
+        log_excerpt=f.log_excerpt,
+        next_action=f.next_action,
+        worker=ctx.worker,
+        failed_at=now(),
+        retryable=f.retryable,
+        fault="host" if f.fault == "host" else "job",
+        host=HOST,
+    )
+    failure = scrub(failure)
+    write_failure(attempt, failure)
+    return failure
+
+
+def _end(
+    ctx: Context, job: JobBase, attempt: Attempt, failure: Failure, to: str, outcome: str, what: str
+) -> str:
+    """The failure is recorded: move the job and say so in the journal and the log."""
+    reason = f"{what}: {failure.message}"
     if not _move(ctx, job.job_id, to):
         return _lost(ctx, job.job_id, attempt, f"the job was taken away before it could move to {to}/")
     ctx.journal.record(
@@ -168,6 +242,13 @@ def _fail(ctx: Context, job: JobBase, attempt: Attempt, f: Failed) -> str:
     )  # fmt: skip
     if outcome == "retry":
         log.warning("%s: attempt %d failed (%s), %s", job.job_id, attempt.n, what, reason.split(" after ")[0])
+    elif outcome == "blocked":
+        log.warning(
+            "%s: attempt %d failed for this host (%s); the job moves on",
+            job.job_id,
+            attempt.n,
+            failure.message,
+        )
     else:
         log.warning("%s: failed at %s (%s): %s", job.job_id, failure.stage, failure.property, failure.message)
     return outcome

@@ -26,7 +26,7 @@ POINTS = (
 
 
 #: Crash points off a render's path, each proved by a test of its own.
-OTHER_POINTS = ("after_quarantine_reason",)
+OTHER_POINTS = ("after_quarantine_reason", "after_blocklist")
 
 
 def crashpoint(name: str) -> None:

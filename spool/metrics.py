@@ -118,6 +118,7 @@ class WorkerCounters:
         slots: int,
         busy: int,
         pools: dict[str, PoolUse] | None = None,
+        quarantined: bool = False,
     ) -> list[Family]:
         trans = Family(
             "spool_transitions_total",
@@ -161,7 +162,11 @@ class WorkerCounters:
         for name, use in sorted((pools or {}).items()):
             cap_fam.add(use.capacity, worker=worker, pool=name)
             use_fam.add(use.active, worker=worker, pool=name)
-        fams = [trans, claims, conflicts, vfail, published, render, validate, slot_fam, busy_fam]
+        quar = Family(
+            "spool_worker_quarantined", "gauge", "1 while this worker is in host quarantine (claims nothing)."
+        )
+        quar.add(1 if quarantined else 0, worker=worker)
+        fams = [trans, claims, conflicts, vfail, published, render, validate, slot_fam, busy_fam, quar]
         return fams + ([cap_fam, use_fam] if pools else [])
 
 

@@ -231,11 +231,31 @@ class Check(Record, kw_only=True):
     ok: bool
 
 
+class LayerBox(Record, kw_only=True, omit_defaults=True):
+    """Where one ``text`` or ``overlay`` step lands in the output frame (spool.layers):
+    planned at acceptance (``RenderJob.layers``, which the render draws exactly) and
+    judged again by the gate (``ValidationReport.layers``). Boxes are x, y, w, h
+    in output pixels; ``at`` is the x, y the filter is given."""
+
+    step: int
+    op: str
+    box: list[int]
+    safe_area: str
+    safe: list[int]
+    at: list[int]
+    size: int | None = None  # text: the font size drawn (after "fit")
+    text: str | None = None  # text: the characters drawn (after "wrap")
+    font_file: str | None = None  # text: the font file fontconfig resolved at acceptance
+    font_sha256: str | None = None  # text: that file's sha256; a render on a host with another fails
+    verdict: str = "inside"
+
+
 class ValidationReport(Record, kw_only=True):
     ok: bool
     decode_check: str
     checks: list[Check]
     seconds: float
+    layers: list[LayerBox] | None = None  # every text/overlay layer with its box and verdict
 
     def failed(self) -> list[Check]:
         return [c for c in self.checks if not c.ok]
@@ -259,6 +279,11 @@ class Failure(Record, kw_only=True):
     worker: str
     failed_at: datetime
     retryable: bool = False
+    #: ``job``: the job's own fault (its recipe, sources, expectations); ``host``: what
+    #: the worker's host lacks or did (FFmpeg killed, an encoder or font missing, local
+    #: I/O): the job moves on to another worker (:mod:`spool.blocklist`).
+    fault: Literal["job", "host"] = "job"
+    host: str = ""
 
 
 class PublishedFile(Record, kw_only=True):
@@ -361,6 +386,8 @@ class WorkerRecord(Record, kw_only=True):
     temp_disk_limit: int = 0
     #: Use of each resource pool this daemon draws from (``render``: FFmpeg slots).
     pools: dict[str, PoolUse] = {}
+    #: Why this worker stopped claiming (host quarantine), if it did.
+    quarantined: str | None = None
     #: When the longest-waiting job this daemon's index holds was submitted (epoch
     #: seconds): status reads it instead of stat-ing 100,000 pending files.
     oldest_pending_submitted: float | None = None
@@ -383,6 +410,31 @@ class Event(Record, kw_only=True, omit_defaults=True):
     bytes: int | None = None  # complete: size of the published output
     render_seconds: float | None = None
     validate_seconds: float | None = None
+
+
+class BlockEntry(Record, kw_only=True):
+    """``attempts/J/blocked-<worker>.json``: this worker failed the job with a
+    host-class error and must not claim it again; its evidence."""
+
+    job_id: str
+    worker: str
+    host: str
+    attempt: int
+    property: str
+    message: str
+    log_excerpt: list[str] = []
+    at: datetime
+
+
+class WorkerQuarantine(Record, kw_only=True):
+    """``workers/<worker>.quarantined``: the worker stopped claiming; an operator
+    lifts it with ``spool worker release W`` after fixing the host."""
+
+    worker: str
+    host: str
+    reason: str
+    evidence: list[str] = []  # the failures (or the self-check step) that led here
+    since: datetime
 
 
 class QuarantineRecord(Record, kw_only=True):

@@ -306,6 +306,7 @@ def worker_rows(tree: Tree, cfg: Config, now: float, running: list[dict[str, Any
                 "active": len(rec.active),
                 "max_active": rec.max_active,
                 "pools": {p: {"active": u.active, "capacity": u.capacity} for p, u in rec.pools.items()},
+                "quarantined": rec.quarantined,
                 "jobs": jobs.get(rec.worker, 0),
                 "disk_used": disk.get(rec.worker, 0),
                 "disk_limit": rec.temp_disk_limit,
@@ -392,10 +393,25 @@ def attention(
 
 
 def quarantine_attention(tree: Tree, scan: QueueScan) -> list[dict[str, Any]]:
-    """Job files taken out of the queue because they can never run."""
+    """Workers in host quarantine, and job files taken out of the queue because they can never run."""
+    from . import health
     from .quarantine import reason_of
 
     items = []
+    for name in sorted(visible_names(tree.workers, suffix=".quarantined")):
+        worker = name[: -len(".quarantined")]
+        q = health.quarantined(tree, worker)
+        if q is not None:
+            seen = "; ".join(q.evidence[-3:]) or "none"
+            items.append(
+                {
+                    "kind": "worker",
+                    "subject": worker,
+                    "problem": f"quarantined (claims nothing): {q.reason}",
+                    "next_action": f"Fix host {q.host or '?'} (evidence: {seen}), "
+                    f"then run: spool worker release {worker}",
+                }
+            )
     for _ct, name in scan.quarantined:
         rec = reason_of(tree, f"{name}.json")
         problem = f"{rec.field}: {rec.reason} (found in {rec.found_in}/)" if rec else "no reason recorded"

@@ -104,6 +104,7 @@ class Heartbeat:
         temp_disk_reserved: int | None = None,
         oldest_pending_submitted: float | None = None,
         pools: dict[str, PoolUse] | None = None,
+        quarantined: str | None = None,
     ) -> WorkerRecord:
         r = self.rec
         r.beats += 1
@@ -117,6 +118,7 @@ class Heartbeat:
         r.oldest_pending_submitted = oldest_pending_submitted
         if pools is not None:
             r.pools = pools
+        r.quarantined = quarantined
         write_atomic(self.tree.worker_file(r.worker), encode(r))
         return r
 

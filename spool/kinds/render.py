@@ -14,11 +14,13 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import intent, recipe, render, store
+import msgspec
+
+from .. import ffcommand, health, intent, layers, recipe, render, store
 from .. import sources as sources_
 from ..errors import Failed, Interrupted, InvalidInput
 from ..faults import crashpoint
-from ..model import JobBase, Output, Progress, Source, ValidationReport
+from ..model import JobBase, LayerBox, Output, Progress, Source, ValidationReport
 from ..validate import validate
 from .base import Kind, Produced
 
@@ -34,6 +36,9 @@ class RenderJob(JobBase, tag="render"):
     """A render job file: the recipe, frozen with its sources."""
 
     recipe: recipe.Recipe
+    layers: list[LayerBox] = msgspec.field(
+        default_factory=list
+    )  # text/overlay boxes fixed at acceptance (spool.layers); drawn exactly
 
 
 class Render(Kind[RenderJob]):
@@ -84,23 +89,30 @@ class Render(Kind[RenderJob]):
                 file=out_file, container=rec.encode.container, expect=expect, stated=sub.output.expect
             ),
             estimate_bytes=estimate,
+            layers=layers.plan(rec, sources, cfg.layers, cfg.render),  # rejects a label that cannot fit
         )
         job.recipe_hash = self.spec_hash(job)
         return job
 
     def spec(self, job: RenderJob) -> object:
-        return job.recipe
+        """The recipe, and the layer plan frozen with it: both decide what is drawn,
+        so an edit to either is caught at claim. A job without layers hashes its
+        recipe alone, as jobs always have."""
+        if not job.layers:
+            return job.recipe
+        return {"recipe": job.recipe, "layers": job.layers}
 
     # -- an attempt ---------------------------------------------------------------
     def produce(self, ctx: Context, job: RenderJob, attempt: Attempt) -> Produced:
         before = rehash_sources(job)
+        layers.check_fonts(job.layers)  # the exact font each label was measured with, or a host fault
         out = _run_ffmpeg(ctx, job, attempt)
         _classify(ctx, job, attempt, out)
         unchanged_since(job, before)
         return Produced(attempt.work / job.output.file, out.seconds)
 
     def check(self, cfg: Config, job: RenderJob, candidate: Path, log: Path) -> ValidationReport:
-        return validate(candidate, job.output.container, job.output.expect, cfg, log)
+        return validate(candidate, job.output.container, job.output.expect, cfg, log, job.layers)
 
 
 KIND = Render()
@@ -187,7 +199,9 @@ def _rehash(src: Source) -> Fingerprint:
 
 def _run_ffmpeg(ctx: Context, job: RenderJob, attempt: Attempt) -> render.RenderOutcome:
     """FFmpeg under the operator's limits, watched for stop, timeout and cancel."""
-    cmd = recipe.command(job.recipe, {s.role: s for s in job.sources}, job.output.file, ctx.cfg.render)
+    cmd = ffcommand.command(
+        job.recipe, {s.role: s for s in job.sources}, job.output.file, ctx.cfg.render, job.layers
+    )
     first = [True]
 
     def on_progress(p: Progress) -> None:
@@ -213,7 +227,8 @@ def _run_ffmpeg(ctx: Context, job: RenderJob, attempt: Attempt) -> render.Render
             f"{cmd.argv[0]} cannot be run ({exc.strerror})",
             expected="an FFmpeg executable",
             actual="not found",
-            next_action="Install FFmpeg or fix [render] ffmpeg in spool.toml, then spool retry the job.",
+            next_action="Install FFmpeg or fix [render] ffmpeg in spool.toml on this host.",
+            fault="host",
         ) from None
 
 
@@ -257,28 +272,27 @@ def _classify(ctx: Context, job: RenderJob, attempt: Attempt, out: render.Render
             next_action="Free space on the spool's disk (spool gc helps).",
             retryable=True,
         )
-    if out.returncode is not None and out.returncode < 0:
-        # Killed by a signal we did not send: the OOM killer, an operator. Retry.
-        raise Failed(
-            "render",
-            "ffmpeg_killed",
-            f"FFmpeg was killed by signal {-out.returncode}",
-            expected="exit status 0",
-            actual=f"signal {-out.returncode}",
-            log_excerpt=out.log_tail[-8:],
-            next_action="Check memory (limits.memory) and the system log.",
-            retryable=True,
-        )
     if out.returncode != 0:
+        output = attempt.work / job.output.file
+        wrote = output.exists() and output.stat().st_size > 0
+        fault, evidence = health.classify_exit(out.returncode, out.log_tail, wrote)
+        killed = out.returncode is not None and out.returncode < 0
         raise Failed(
             "render",
-            "ffmpeg_exit_status",
-            f"FFmpeg exited with status {out.returncode}",
-            expected=0,
-            actual=out.returncode,
-            log_excerpt=out.log_tail[-8:],
-            next_action="Read the log (spool logs JOB); fix the recipe or sources in a new revision, "
-            "or spool retry if the cause was temporary.",
+            "ffmpeg_killed" if killed else "ffmpeg_exit_status",
+            f"FFmpeg was killed by signal {-(out.returncode or 0)}"
+            if killed
+            else f"FFmpeg exited with status {out.returncode}",
+            expected="exit status 0" if killed else 0,
+            actual=f"signal {-(out.returncode or 0)}" if killed else out.returncode,
+            log_excerpt=[f"host-class: {evidence}" if fault == "host" else evidence, *out.log_tail[-8:]],
+            next_action=(
+                "Check this host (memory, limits.memory, FFmpeg's build and fonts: spool logs JOB)."
+                if fault == "host"
+                else "Read the log (spool logs JOB); fix the recipe or sources in a new revision, "
+                "or spool retry if the cause was temporary."
+            ),
+            fault=fault,
         )
 
 
