@@ -788,8 +788,8 @@ def test_unfinished_and_hidden_drops_are_ignored_until_renamed(tree, assets, dae
 
     os.rename(tree.incoming / "held.json.tmp", tree.incoming / "held.json")
     wait_for(lambda: job_exists(tree, "held@1"), timeout=30)
-    wait_for(lambda: not (tree.incoming / "held.json").exists(), timeout=10)
-    assert os.listdir(tree.incoming) == [".hidden.json"]
+    # The drop is taken as .accepting.<worker>.held.json and removed once the job is durable.
+    wait_for(lambda: os.listdir(tree.incoming) == [".hidden.json"], timeout=10)
     assert not job_exists(tree, "hidden@1")
     assert d.alive()
 

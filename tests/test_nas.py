@@ -34,7 +34,7 @@ import invariants
 import pytest
 from conftest import minimal, run_cli, wait_for, write_json
 
-from spool import accept, config, doctor, liveness, settings, status
+from spool import accept, config, doctor, liveness, records, settings, status
 from spool import tree as tree_mod
 from spool.model import WorkerRecord, encode, now
 from spool.status import read
@@ -408,7 +408,7 @@ def test_read_retries_a_short_read(tree, monkeypatch):
             raise a
         return a
 
-    monkeypatch.setattr(status, "read_retrying", flaky)
+    monkeypatch.setattr(records, "read_retrying", flaky)
     assert status.read(tree.worker_file(rec.worker), WorkerRecord) == rec
     # malformed (not merely short) content is not retried: it is just unreadable
     answers[:] = [b"{not json", whole]
@@ -454,7 +454,7 @@ def test_a_heartbeat_caught_mid_replace_is_not_a_missing_worker(tree, monkeypatc
             raise a
         return a
 
-    monkeypatch.setattr(status, "read_retrying", flaky)
+    monkeypatch.setattr(records, "read_retrying", flaky)
     assert status.read(tree.worker_file(rec.worker), WorkerRecord, replaced=True) == rec
     answers[:] = [FileNotFoundError(errno.ENOENT, "gone")]
     assert status.read(tree.worker_file(rec.worker), WorkerRecord) is None  # other records: absent

@@ -124,6 +124,7 @@ def test_api_status_has_what_the_page_shows(server):
         "complete": 2,
         "failed": 1,
         "rejected": 1,
+        "quarantine": 0,
     }
     assert d["refresh_seconds"] == 0.5
     assert [r["job_id"] for r in d["recent"]] == ["second@1", "first@1"]
