@@ -51,10 +51,6 @@ class RenderOutcome:
     stopped: Stopped | None
     log_tail: list[str]
 
-    @property
-    def ok(self) -> bool:
-        return self.returncode == 0 and self.stopped is None
-
 
 #: ioprio_set(2) system call numbers (no libc wrapper exists).
 _IOPRIO_SET = {"x86_64": 251, "aarch64": 30, "i686": 289, "armv7l": 314}.get(platform.machine())

@@ -43,8 +43,8 @@ from typing import Any
 
 import invariants
 
-from spool import samples, settings
-from spool.faults import POINTS
+from spool import health, samples, settings
+from spool.faults import OTHER_POINTS, POINTS
 
 BIN = Path(sys.executable).parent
 SPOOL = str(BIN / "spool")
@@ -156,10 +156,11 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     workers = [Worker(lay.views[k % len(lay.views)], f"w{k}", lay.logs) for k in range(args.workers)]
     for w in workers:
         w.start()
-    kills, crash_points = _kill_at_random(workers, lay.spool, rng, args)
+    kills, crash_points, damaged = _kill_at_random(workers, lay.spool, rng, args)
     _drain(workers, lay.views[0], args.timeout)
     wall = time.monotonic() - started
     found = _check(lay.spool, ids)
+    stray = [n for n in damaged if not (lay.spool / "quarantine" / n).exists()]
     figures: dict[str, object] = {
         "jobs": args.jobs,
         "complete": found["complete"],
@@ -169,6 +170,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "kills_ffmpeg": kills["ffmpeg"],
         "daemon_lives": sum(w.lives for w in workers),
         "crash_points_hit": dict(sorted(crash_points.items())),
+        "damaged_dropped": len(damaged),
+        "damaged_not_quarantined": len(stray),
         "recoveries": found["recoveries"],
         "lost": len(found["lost"]),
         "double_published": len(found["double"]),
@@ -241,15 +244,19 @@ def _submit(lay: Layout, jobs: int, rng: random.Random) -> list[str]:
 
 def _kill_at_random(
     workers: list[Worker], spool: Path, rng: random.Random, args: argparse.Namespace
-) -> tuple[Counter[str], Counter[str]]:
+) -> tuple[Counter[str], Counter[str], list[str]]:
     """``args.kills`` SIGKILLs of a daemon or one of its FFmpeg children, at random moments;
-    dead daemons come back (some with a crash point). Returns kills and crash points hit."""
+    dead daemons come back (some with a crash point); now and then a damaged job file
+    appears in pending/. Returns kills, crash points hit and the damaged files dropped."""
     kills: Counter[str] = Counter()
     crash_points: Counter[str] = Counter()
+    damaged: list[str] = []
     while sum(kills.values()) < args.kills:
         time.sleep(rng.uniform(0.05, args.max_gap))
         if _remaining(spool) == 0:
             break  # everything finished before the kills ran out
+        if rng.random() < 0.15:
+            damaged.append(_drop_damaged(spool, len(damaged), rng))
         for w in workers:
             if not w.alive() and w.crash_at and w.proc is not None and w.proc.returncode == -signal.SIGKILL:
                 crash_points[w.crash_at] += 1  # it died at its crash point
@@ -270,15 +277,22 @@ def _kill_at_random(
         kills["daemon"] += 1
         if rng.random() < 0.8:  # most come back at once; some stay down for a while
             victim.start(crash_at=_maybe_point(rng, args))
-    return kills, crash_points
+    return kills, crash_points, damaged
 
 
 def _drain(workers: list[Worker], view: Path, timeout: float) -> None:
     """Every worker comes back without crash points and runs until nothing is left; then
-    ``spool recover`` for good measure."""
+    ``spool recover`` for good measure. A worker that quarantined itself (FFmpeg killed
+    under it three times in a row looks like a broken host) is released first, as an
+    operator would after the storm."""
     for w in workers:
         if w.alive():
             w.kill()
+    from spool.tree import Tree
+
+    tree = Tree.at(view)
+    for q in tree.workers.glob("*.quarantined"):
+        health.release(tree, q.name[: -len(".quarantined")])
     for w in workers:
         w.start(drain=True)
     deadline = time.monotonic() + timeout
@@ -324,7 +338,22 @@ def _check(spool: Path, ids: list[str]) -> dict[str, Any]:
 
 
 def _maybe_point(rng: random.Random, args: argparse.Namespace) -> str | None:
-    return rng.choice(POINTS) if rng.random() < args.crash_point_rate else None
+    """A render path's crash point, or now and then one off it (a quarantine's reason
+    written but the file not yet moved; a block written but the job not yet moved on)."""
+    if rng.random() >= args.crash_point_rate:
+        return None
+    return rng.choice(OTHER_POINTS) if rng.random() < 0.2 else rng.choice(POINTS)
+
+
+#: Files dropped straight into pending/ that can never run: each must end in quarantine/.
+DAMAGED = (b'{"job_id": "x", broken', b"[]", b'{"operation": "noop"}')
+
+
+def _drop_damaged(spool: Path, k: int, rng: random.Random) -> str:
+    """A damaged job file in pending/ (a hand edit gone wrong, a half-copied file)."""
+    name = f"zz-damaged-{k:03d}@1.json"
+    (spool / "pending" / name).write_bytes(rng.choice(DAMAGED))
+    return name
 
 
 def _state(spool: Path, jid: str) -> str:
@@ -392,6 +421,7 @@ def main() -> int:
         or f["partial_at_final"]
         or f["fsck_problems"]
         or f["independent_problems"]
+        or f["damaged_not_quarantined"]
     )
     return 1 if bad else 0
 
