@@ -63,6 +63,7 @@ class Daemon:
         #: Why this worker stopped claiming (host quarantine: spool.health), if it did.
         self.quarantined: str | None = None
         self._streak = health.Streak(cfg.health.quarantine_after)
+        self._streak_lock = threading.Lock()
         self._next_quarantine_look = 0.0
         #: Temporary disk reserved per running job (its estimate), within limits.temp_disk.
         self.reserved: dict[str, int] = {}
@@ -313,14 +314,16 @@ class Daemon:
         if outcome in ("blocked", "host-failed"):
             entry = next((e for e in blocklist.entries(self.tree, jid) if e.worker == self.worker), None)
             why = entry.message if entry else ""
-        if self._streak.note(outcome, jid, why) and self.quarantined is None:
+        with self._streak_lock:  # slot threads end at once: one of them quarantines, once
+            if not self._streak.note(outcome, jid, why) or self.quarantined is not None:
+                return
             reason = (
                 f"{len(self._streak.evidence)} host-class failures in a row "
                 f"([health] quarantine_after = {self.cfg.health.quarantine_after})"
             )
-            health.quarantine(self.tree, self.worker, reason, self._streak.evidence)
+            health.quarantine(self.tree, self.worker, reason, list(self._streak.evidence))
             self.quarantined = reason
-            log.error("quarantined: %s; last: %s; spool worker release %s lifts it", reason, why, self.worker)
+        log.error("quarantined: %s; last: %s; spool worker release %s lifts it", reason, why, self.worker)
 
     def _run_job(self, jid: str) -> None:
         try:
