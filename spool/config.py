@@ -95,10 +95,14 @@ class Daemon(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     heartbeat_interval: Seconds = 5.0
     stop_grace: Annotated[float, msgspec.Meta(ge=0)] = 30.0
     watch: Literal["auto", "inotify", "poll"] = "auto"
+    #: A drop in incoming/ that no inotify event showed closed or renamed in is
+    #: taken once its size and mtime stayed unchanged this long (spool/arrivals.py).
+    incoming_quiet: Seconds = 2.0
 
 
 class Recovery(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    #: A worker on another host whose heartbeat has not advanced for this long is suspect.
+    #: A worker whose heartbeat has not advanced for this long is suspect (another
+    #: host) or stalled (this host, its process alive: stopped or wedged).
     stale_after: Seconds = 120.0
     #: Take over a suspect worker's jobs without an operator (off: a stale heartbeat
     #: is a reason to look, not a licence to act).
@@ -246,9 +250,10 @@ poll_interval = 2.0        # seconds between directory rescans (network mounts r
 heartbeat_interval = 5.0   # seconds between heartbeats in workers/<worker>.json
 stop_grace = 30.0          # seconds running renders may finish after SIGTERM
 watch = "auto"             # auto | inotify | poll; auto: spool doctor decides at daemon start
+incoming_quiet = 2.0       # seconds a drop must stay unchanged when no inotify event shows it finished
 
 [recovery]
-stale_after = 120.0        # seconds without a new heartbeat before a worker on another host is suspect
+stale_after = 120.0        # seconds without a heartbeat: suspect (other host), stalled (this host)
 auto_recover = false       # take over suspect workers' jobs automatically (else: spool recover)
 backoff = 10.0             # technical retries wait backoff * 2^(k-1) seconds...
 backoff_max = 600.0        # ...at most this long

@@ -23,6 +23,7 @@ import time
 from types import FrameType
 
 from spool import accept, claim, doctor, fsck, recover
+from spool.arrivals import Arrivals
 from spool.config import Config
 from spool.events import Journal
 from spool.execute import Context, execute
@@ -65,7 +66,9 @@ class Daemon:
         self._disk_warned: set[str] = set()
         self.identity = Identity(tree, worker)
         self.heartbeat = Heartbeat(tree, worker, cfg.limits.max_active, cfg.limits.temp_disk_bytes)
-        self.watcher = Watcher([tree.incoming, tree.pending], self.wake, tree.pending)
+        #: Which drops in incoming/ are finished (inotify evidence, else a quiet period).
+        self.arrivals = Arrivals(tree.incoming, cfg.daemon.incoming_quiet)
+        self.watcher = Watcher([tree.incoming, tree.pending], self.wake, tree.pending, self.arrivals)
         self._signals = 0
         self._told_stopping = False
         #: Counters hooks may read (metrics): claims lost to another worker, and so on.
@@ -89,6 +92,8 @@ class Daemon:
         self._install_signals()
         self.heartbeat.beat(state="running", active=[])
         watching = self._probe_filesystem() == "inotify" and self.watcher.start()
+        # inotify is chosen for local filesystems only: their timestamps are this host's
+        self.arrivals.local = watching
         log.info(
             "worker %s started on %s (max_active %d, %s)",
             self.worker,
@@ -196,7 +201,9 @@ class Daemon:
     # -- steps -------------------------------------------------------------------------
     def _accept(self) -> int:
         try:
-            outcomes = accept.accept_incoming(self.tree, self.cfg, self.worker, self.journal)
+            outcomes = accept.accept_incoming(
+                self.tree, self.cfg, self.worker, self.journal, arrivals=self.arrivals
+            )
         except Exception:  # the daemon never dies on input; log and carry on
             log.exception("accepting from incoming/ failed")
             return 0

@@ -833,7 +833,9 @@ def test_fifo_and_folder_drops_are_rejected_without_hanging(tree, assets, daemon
         rec = json.loads((tree.rejected / f"{name}.error.json").read_text())
         assert rec["field"] == "submission" and words in rec["reason"], rec
         assert_one_sentence(rec["reason"])
-    assert stat.S_ISFIFO(os.lstat(tree.rejected / "pipe.json").st_mode)  # moved, never opened to block
+    assert stat.S_ISREG(
+        os.lstat(tree.rejected / "pipe.json").st_mode
+    )  # never opened, never kept (issue 11.9)
     wait_for(lambda: job_exists(tree, "fine@1"), timeout=30)
     assert d.alive()
 
