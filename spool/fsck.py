@@ -161,7 +161,7 @@ def _orphan(tree: Tree, loc: Location, stale_after: float, server: float) -> Pro
         8,
         _rel(tree, loc.path),
         f"running on a worker that is {health} ({why})",
-        f"spool recover --worker {loc.worker}",
+        f"spool recover --worker {loc.worker}" + (" --force" if health == "stalled" else ""),
     )
 
 

@@ -278,7 +278,7 @@ def worker_rows(tree: Tree, cfg: Config, now: float, running: list[dict[str, Any
         recs = [r for r in (read(tree.workers / n, WorkerRecord) for n in visible_names(tree.workers)) if r]
         healths = [liveness.assess(tree, r, cfg.recovery.stale_after, server_time=now) for r in recs]
     if not os.access(tree.workers, os.W_OK):
-        healths = [_readonly_view(h) for h in healths]
+        healths = [_readonly_view(tree, h, cfg.recovery.stale_after) for h in healths]
     disk: dict[str, int] = {}
     jobs: dict[str, int] = {}
     for r in running:
@@ -298,6 +298,7 @@ def worker_rows(tree: Tree, cfg: Config, now: float, running: list[dict[str, Any
                 "state": rec.state,
                 "health": h.health,
                 "reason": h.reason,
+                "pid": rec.pid,
                 "active": len(rec.active),
                 "max_active": rec.max_active,
                 "jobs": jobs.get(rec.worker, 0),
@@ -310,14 +311,17 @@ def worker_rows(tree: Tree, cfg: Config, now: float, running: list[dict[str, Any
     return rows
 
 
-def _readonly_view(h: liveness.WorkerHealth) -> liveness.WorkerHealth:
+def _readonly_view(tree: Tree, h: liveness.WorkerHealth, stale_after: float) -> liveness.WorkerHealth:
     """A viewer that may not write to the spool cannot open a worker's lock file,
     so liveness takes a live same-host worker for dead. Correct that from the
     evidence we can see: same boot, and the process exists."""
     rec = h.record
     if h.health == "dead" and rec.host == HOST and rec.boot_id == boot_id() and liveness.pid_alive(rec.pid):
+        seen = liveness.same_host_running(tree, rec, stale_after)
+        if seen.health == "stalled":
+            return seen
         reason = f"process {rec.pid} is running (its lock is not readable here)"
-        return liveness.WorkerHealth(h.worker, h.host, "alive", reason, 0.0, rec)
+        return liveness.WorkerHealth(h.worker, h.host, "alive", reason, seen.age, rec)
     return h
 
 
@@ -344,6 +348,18 @@ def attention(
                     "problem": f"dead: {w['reason']}{jobs}",
                     "next_action": f"Start it again (systemctl restart {unit}): at start it recovers "
                     f"its own jobs. Or run: spool recover --worker {w['worker']}",
+                }
+            )
+        elif w["health"] == "stalled":
+            unit = f"spoold@{_instance(w['worker'], w['host'])}"
+            items.append(
+                {
+                    "kind": "worker",
+                    "subject": w["worker"],
+                    "problem": f"stalled: {w['reason']}{jobs}",
+                    "next_action": f"On {w['host']}: if it was stopped, kill -CONT {w['pid']}; "
+                    f"kill -USR1 {w['pid']} logs where it hangs. If it is hung, restart it "
+                    f"(systemctl restart {unit}) or run: spool recover --worker {w['worker']} --force",
                 }
             )
         elif w["health"] == "suspect":
