@@ -22,7 +22,7 @@ import threading
 import time
 from types import FrameType
 
-from spool import accept, claim, doctor, fsck, recover
+from spool import accept, claim, config, doctor, fsck, recover, secrets
 from spool.arrivals import Arrivals
 from spool.config import Config
 from spool.events import Journal
@@ -77,6 +77,9 @@ class Daemon:
         self.journal.listeners.append(lambda ev: call(self.hooks, "event", self, ev))
         self._next_beat = 0.0
         self._next_scan = 0.0
+        #: spool.toml, re-read when it changes and on SIGHUP (set by the handler).
+        self.reloader = config.Reloader(tree.config_file, cfg)
+        self._reload_asked = False
 
     # -- lifecycle ---------------------------------------------------------------
     def run(self) -> int:
@@ -175,6 +178,7 @@ class Daemon:
                 self.interrupt.set()
         else:
             self.wake.clear()
+            self._check_config()
             self._accept()
             if now >= self._next_scan:
                 self.index.refresh()  # the truth, on a timer: inotify misses other hosts
@@ -199,6 +203,25 @@ class Daemon:
         return True
 
     # -- steps -------------------------------------------------------------------------
+    def _check_config(self) -> None:
+        """Apply a changed spool.toml (checked every loop; SIGHUP forces a re-read).
+
+        The daemon and ``spool submit`` then judge drops by the same file: a
+        daemon that kept its start-up config accepted what submit rejected."""
+        forced, self._reload_asked = self._reload_asked, False
+        new, line = self.reloader.check(force=forced)
+        if line:
+            (log.info if new is not None or "nothing changed" in line else log.warning)("%s", line)
+        if new is None:
+            return
+        self.cfg = self.ctx.cfg = new
+        secrets.install_from(new.secrets.env, new.secrets.files)
+        os.umask(new.permissions.umask_bits)
+        self.heartbeat.rec.max_active = new.limits.max_active
+        self.heartbeat.rec.temp_disk_limit = new.limits.temp_disk_bytes
+        self.arrivals.quiet = new.daemon.incoming_quiet
+        self._next_beat = 0.0  # show the new limits now
+
     def _accept(self) -> int:
         try:
             outcomes = accept.accept_incoming(
@@ -307,6 +330,12 @@ class Daemon:
     def _install_signals(self) -> None:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGHUP, self._on_hangup)
+
+    def _on_hangup(self, signum: int, frame: FrameType | None) -> None:
+        # systemctl reload (ExecReload=kill -HUP): re-read spool.toml in the loop.
+        self._reload_asked = True
+        self.wake.set()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         # Plain assignments and a pipe write only: a handler runs between two
