@@ -38,6 +38,7 @@ from . import probe, recipe
 from .arrivals import Arrivals
 from .config import Config
 from .decoding import convert, parse_json
+from .diskfull import is_disk_full
 from .errors import InvalidInput
 from .events import Journal
 from .model import (
@@ -592,13 +593,19 @@ def accept_incoming(
     limit: int = 1000,
     arrivals: Arrivals | None = None,
 ) -> list[Outcome]:
-    """Process up to ``limit`` finished drops from ``incoming/``; never raises on bad input."""
+    """Process up to ``limit`` finished drops from ``incoming/``; never raises on bad
+    input. A full disk (ENOSPC, EDQUOT) is raised: nothing can be accepted then."""
     out: list[Outcome] = []
     for raw_name, taken, redelivered in take_incoming(tree, worker, arrivals):
         name = display_name(raw_name)
         try:
             out.append(_accept_drop(tree, cfg, name, taken, redelivered, worker, journal))
         except Exception as exc:  # a bug must not wedge the queue on one file
+            if is_disk_full(exc):
+                # Not the drop's fault: it stays under its claim name, to be taken up
+                # again (as redelivered, so a job already committed is recognised)
+                # once there is space; the caller backs off.
+                raise
             log.exception("accepting %s failed", name)
             why = str(exc).replace(str(taken), name).replace(taken.name, name)  # never the claim name
             err = InvalidInput("submission", f"could not be processed ({type(exc).__name__}: {why})")

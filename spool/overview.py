@@ -31,7 +31,7 @@ from typing import Any
 
 import msgspec
 
-from . import eventlog, intent, liveness, thumbs
+from . import diskfull, eventlog, intent, liveness, thumbs
 from .config import Config
 from .model import AttemptRecord, Failure, Manifest, Progress, Rejection, WorkerRecord
 from .status import attempt_numbers, read, running_workers, show
@@ -77,6 +77,14 @@ def _scan(
         entries.sort(reverse=True)
         out.newest = entries[:keep]
     return out
+
+
+def _count_prefix(folder: Path, prefix: str) -> int:
+    try:
+        with os.scandir(folder) as it:
+            return sum(1 for e in it if e.name.startswith(prefix))
+    except FileNotFoundError:
+        return 0
 
 
 def _oldest_pending_from_daemons(tree: Tree, now: float) -> float | None:
@@ -126,6 +134,9 @@ def scan_queue(tree: Tree, now: float, keep: int = 10) -> QueueScan:
     """Counts (names only) and ages of the whole queue: one stat per waiting job,
     except for a large pending/ watched by a live daemon, which reports its age."""
     incoming = _scan(tree.incoming, stat=True)
+    # Drops a worker has taken (renamed to .accepting.<worker>.<name>) but not yet
+    # accepted or rejected are still incoming: a full disk can hold them there.
+    incoming.count += _count_prefix(tree.incoming, ".accepting.")
     pending = _scan(tree.pending, stat=False)
     oldest = _oldest_pending_from_daemons(tree, now) if pending.count > LARGE_QUEUE else None
     if oldest is None:
@@ -329,14 +340,38 @@ def _instance(worker: str, host: str) -> str:
     return worker[len(host) + 1 :] if worker.startswith(f"{host}-") else worker
 
 
+def disk_state(tree: Tree) -> dict[str, Any] | None:
+    """Free and total bytes of the spool's filesystem, and whether it counts as full."""
+    got = diskfull.free_bytes(tree.root)
+    if got is None:
+        return None
+    free, total = got
+    return {"free": free, "total": total, "full": free < diskfull.LOW_SPACE}
+
+
 def attention(
     counts: dict[str, int],
     workers: list[dict[str, Any]],
     failed: list[dict[str, Any]],
     rejected: list[dict[str, Any]],
+    disk: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """What a human should act on, most urgent first, each with its next action."""
     items: list[dict[str, Any]] = []
+    full_by = [w["worker"] for w in workers if w["state"] == "disk_full"]
+    disk_full = (disk is not None and disk["full"]) or bool(full_by)
+    if disk_full:
+        free = f"{disk['free']:,} bytes free of {disk['total']:,}" if disk is not None else "no space"
+        who = f"; waiting for space: {', '.join(full_by)}" if full_by else ""
+        items.append(
+            {
+                "kind": "disk",
+                "subject": "spool",
+                "problem": f"disk full: the spool's filesystem has {free}{who}",
+                "next_action": "Free space on the spool's filesystem (spool gc removes old work/ folders); "
+                "the workers retry on their own and go on when there is room.",
+            }
+        )
     for w in workers:
         jobs = f"; {w['jobs']} job(s) in running/{w['worker']}/" if w["jobs"] else ""
         if w["health"] == "dead":
@@ -356,7 +391,8 @@ def attention(
                 {
                     "kind": "worker",
                     "subject": w["worker"],
-                    "problem": f"stalled: {w['reason']}{jobs}",
+                    "problem": f"stalled: {w['reason']}{jobs}"
+                    + ("; the spool's disk is full, so it cannot write its heartbeat" if disk_full else ""),
                     "next_action": f"On {w['host']}: if it was stopped, kill -CONT {w['pid']}; "
                     f"kill -USR1 {w['pid']} logs where it hangs. If it is hung, restart it "
                     f"(systemctl restart {unit}) or run: spool recover --worker {w['worker']} --force",
@@ -436,6 +472,7 @@ def overview(tree: Tree, cfg: Config, *, limit: int = 10, recent: int = 0) -> di
     failed = failed_rows(tree, scan)
     rejected = rejected_rows(tree, scan)
     workers = worker_rows(tree, cfg, now, running)
+    disk = disk_state(tree)
     return {
         "spool": str(tree.root),
         "generated_at": now,
@@ -443,7 +480,8 @@ def overview(tree: Tree, cfg: Config, *, limit: int = 10, recent: int = 0) -> di
         "oldest_pending_age": scan.oldest_age["pending"],
         "oldest_age": scan.oldest_age,
         "running": running,
-        "attention": attention(scan.counts, workers, failed, rejected),
+        "attention": attention(scan.counts, workers, failed, rejected, disk),
+        "disk": disk,
         "failed": failed,
         "rejected": rejected,
         "workers": workers,
