@@ -300,7 +300,15 @@ def commit(tree: Tree, job: Job) -> Path:
         write_atomic(dest, data, replace=False)
     except FileExistsError:
         raise InvalidInput("name", f"job {jid} already exists; submit a new revision") from None
+    write_atomic(tree.job_attempts(jid) / JOB_COPY, data, mode=0o444)  # for fsck (issue 11.14)
     return dest
+
+
+#: The job's frozen copy in its reservation folder (``attempts/<job>/job.json``):
+#: the same bytes as the job file, read-only, written by the acceptor whose job
+#: file won. ``spool fsck`` restores a job file that went missing from every
+#: state folder from it.
+JOB_COPY = "job.json"
 
 
 def _reserve(tree: Tree, jid: str, data: bytes) -> None:
