@@ -289,7 +289,7 @@ def worker_rows(tree: Tree, cfg: Config, now: float, running: list[dict[str, Any
         recs = [r for r in (read(tree.workers / n, WorkerRecord) for n in visible_names(tree.workers)) if r]
         healths = [liveness.assess(tree, r, cfg.recovery.stale_after, server_time=now) for r in recs]
     if not os.access(tree.workers, os.W_OK):
-        healths = [_readonly_view(tree, h, cfg.recovery.stale_after) for h in healths]
+        healths = [_readonly_view(h, tree, cfg.recovery.stale_after) for h in healths]
     disk: dict[str, int] = {}
     jobs: dict[str, int] = {}
     for r in running:
@@ -322,17 +322,20 @@ def worker_rows(tree: Tree, cfg: Config, now: float, running: list[dict[str, Any
     return rows
 
 
-def _readonly_view(tree: Tree, h: liveness.WorkerHealth, stale_after: float) -> liveness.WorkerHealth:
+def _readonly_view(
+    h: liveness.WorkerHealth, tree: Tree | None = None, stale_after: float = 120.0
+) -> liveness.WorkerHealth:
     """A viewer that may not write to the spool cannot open a worker's lock file,
     so liveness takes a live same-host worker for dead. Correct that from the
     evidence we can see: same boot, and the process exists."""
     rec = h.record
     if h.health == "dead" and rec.host == HOST and rec.boot_id == boot_id() and liveness.pid_alive(rec.pid):
-        seen = liveness.same_host_running(tree, rec, stale_after)
-        if seen.health == "stalled":
-            return seen
+        if tree is not None:
+            seen = liveness.same_host_running(tree, rec, stale_after)
+            if seen.health == "stalled":
+                return seen
         reason = f"process {rec.pid} is running (its lock is not readable here)"
-        return liveness.WorkerHealth(h.worker, h.host, "alive", reason, seen.age, rec)
+        return liveness.WorkerHealth(h.worker, h.host, "alive", reason, 0.0, rec)
     return h
 
 
