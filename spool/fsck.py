@@ -36,7 +36,6 @@ a dead or unknown worker (run ``spool recover``).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import stat
@@ -44,9 +43,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import accept, liveness, store
+from . import kinds, liveness, quarantine, store
 from .accept import JOB_COPY
-from .model import Failure, Job, Manifest, WorkerRecord, decode, encode
+from .model import Failure, Manifest, WorkerRecord
+from .publish import install_manifest
 from .status import Location, attempt_numbers, locate_all, read, running_workers
 from .tree import FLAT_STATES, Tree, fsync_dir, visible_names, write_atomic, writer_gone
 
@@ -111,8 +111,9 @@ def check(
             if p:
                 problems.append(p)
         problems += _attempt_records(tree, jid)
+    problems += _damaged(tree, repair)
     problems += _in_no_state(tree, repair, verify_hashes)
-    problems += _store(tree, repair, verify_hashes)
+    problems += _store(tree, repair, verify_hashes)  # before _manifests: it may restore an object
     problems += _manifests(tree, verify_hashes)
     problems += _leftovers(tree, repair, grace)
     return problems
@@ -150,10 +151,30 @@ def _complete_has_manifest(tree: Tree, jid: str, repair: bool, verify_hashes: bo
         if staged is not None and store.verify(tree, staged) is None:
             prob.repair = f"install the verified result of attempt {n} as the manifest"
             if repair:
-                write_atomic(mpath, encode(staged), mode=0o444)
+                install_manifest(tree, staged)
                 prob.repaired = True
             return prob
     return prob
+
+
+def _damaged(tree: Tree, repair: bool) -> list[Problem]:
+    """Job files waiting in pending/ or held/ that can never run (unreadable, not a
+    regular file, named for another job, or edited after acceptance): quarantined."""
+    out = []
+    for state in ("pending", "held"):
+        folder = tree.root / state
+        for name in sorted(visible_names(folder)):
+            try:
+                quarantine.load(folder / name)
+            except quarantine.Damaged as damage:
+                prob = Problem(5, f"{state}/{name}", f"{damage.field}: {damage.reason}")
+                prob.repair = f"move it to quarantine/{name} with the reason beside it"
+                if repair:
+                    prob.repaired = quarantine.quarantine(tree, folder / name, state, damage, "fsck")
+                out.append(prob)
+            except OSError:
+                continue  # gone since the listing
+    return out
 
 
 def _has_failure(tree: Tree, jid: str) -> bool:
@@ -207,22 +228,20 @@ def _manifests(tree: Tree, verify_hashes: bool) -> list[Problem]:
     return out
 
 
-def _job_copy(tree: Tree, jid: str) -> tuple[Job | None, bytes, str]:
-    """The job's frozen copy: (job, its bytes, why not usable)."""
+def _job_copy(tree: Tree, jid: str) -> tuple[kinds.Job | None, bytes, str]:
+    """The job's frozen copy: (job, its bytes, why not usable). It must pass the
+    checks a queued job file passes (it decodes, names the job, matches its recipe_hash)."""
     path = tree.job_attempts(jid) / JOB_COPY
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         return None, b"", "no frozen copy of the job exists (accepted before copies were kept, or deleted)"
+    except OSError as exc:
+        return None, b"", f"its frozen copy {_rel(tree, path)} cannot be read ({exc.strerror})"
     try:
-        job = decode(data, Job)
-    except Exception:
-        return None, data, f"its frozen copy {_rel(tree, path)} is unreadable"
-    if job.job_id != jid:
-        return None, data, f"its frozen copy {_rel(tree, path)} names another job ({job.job_id})"
-    want = accept.recipe_hash(job.recipe) if job.recipe is not None else hashlib.sha256(b"null").hexdigest()
-    if want != job.recipe_hash:
-        return None, data, f"its frozen copy {_rel(tree, path)} does not match its recipe_hash"
+        job = quarantine.check(f"{jid}.json", data)
+    except quarantine.Damaged as damage:
+        return None, data, f"its frozen copy {_rel(tree, path)} is damaged ({damage})"
     return job, data, ""
 
 
