@@ -254,6 +254,8 @@ def _in_no_state(tree: Tree, repair: bool, verify_hashes: bool) -> list[Problem]
     for jid in sorted(seen - known):
         if locate_all(tree, jid):
             continue  # it arrived in a state while we looked
+        if (tree.quarantine / f"{jid}.json").exists():
+            continue  # taken out of the queue on purpose, with its reason (spool.quarantine)
         numbers = attempt_numbers(tree, jid)
         mpath = tree.manifest_file(jid)
         if not numbers and not mpath.exists() and not (tree.job_attempts(jid) / JOB_COPY).exists():

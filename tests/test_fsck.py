@@ -225,3 +225,17 @@ def test_a_tampered_store_object_without_an_intact_copy_is_reported(done):
     code, out = fsck(done)
     assert code == 1
     assert any("no intact copy with that hash" in p["problem"] for p in out["problems"])
+
+
+def test_a_quarantined_job_is_not_taken_for_a_job_in_no_state(tree, cfg, assets):
+    job = accept.accept_bytes(tree, cfg, json.dumps(minimal(assets, name="edited")).encode(), "t")
+    path = tree.pending / f"{job.job_id}.json"
+    os.chmod(path, 0o644)
+    edited = json.loads(path.read_text())
+    edited["recipe"]["steps"][0]["duration"] = 0.5  # recipe_hash kept: an edit after acceptance
+    path.write_text(json.dumps(edited))
+    code, out = fsck(tree)
+    assert code == 0, out
+    assert [p["invariant"] for p in out["problems"]] == [5]  # quarantined, not restored from the copy
+    assert (tree.quarantine / "edited@1.json").exists() and not (tree.held / "edited@1.json").exists()
+    assert fsck(tree) == (0, {"clean": True, "problems": []})
