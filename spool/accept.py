@@ -394,7 +394,11 @@ def _dispose_of_object(tree: Tree, taken: Path, name: str, st: os.stat_result) -
         except OSError:
             kept = tree.rejected / ".kept"
             os.makedirs(kept, exist_ok=True)
-            dest = kept / f"{_free_stem(tree, _stem(name), name)}.json"
+            stem, n = _stem(name), 1
+            dest = kept / f"{stem}.json"
+            while os.path.lexists(dest):  # never onto an earlier kept folder
+                n += 1
+                dest = kept / f"{stem}-{n}.json"
             rename_durable(taken, dest)
             return f"it was kept as {tree.relative(dest)}/ because it is not empty"
     what = "the link was removed"

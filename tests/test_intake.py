@@ -172,3 +172,15 @@ def test_polling_daemon_accepts_a_slow_copy_whole(tree: Tree, assets: Path, daem
     wait_for(lambda: status.locate(tree, "slowcopy@1") or list(tree.rejected.iterdir()), timeout=30)
     assert os.listdir(tree.rejected) == [], d.output()[-3000:]
     assert d.alive()
+
+
+def test_two_folders_of_the_same_name_are_both_kept(tree: Tree, cfg: Config, journal: Journal):
+    for i in (1, 2):
+        (tree.incoming / "twice.json").mkdir()
+        (tree.incoming / "twice.json" / "f.txt").write_text(str(i))
+        (out,) = accept.accept_incoming(tree, cfg, "w1", journal)
+        assert isinstance(out, accept.Rejected)
+    kept = tree.rejected / ".kept"
+    assert sorted(os.listdir(kept)) == ["twice-2.json", "twice.json"]
+    assert (kept / "twice-2.json" / "f.txt").read_text() == "2"
+    assert os.listdir(tree.incoming) == []
