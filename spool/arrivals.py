@@ -6,7 +6,8 @@ file grows it for seconds). The rule, in order:
 
 1. **Renamed in, or closed after writing, on this host** (inotify
    ``IN_MOVED_TO`` / ``IN_CLOSE_WRITE``), and unchanged since: finished now.
-2. **Seen created on this host and not closed yet**: still being written;
+2. **Seen created on this host and not closed yet** (and not hard-linked in,
+   which delivers a file written elsewhere): still being written;
    taken only if it then stays unchanged for :data:`OPEN_WAIT` seconds (an
    inotify event can be lost when its queue overflows; a drop must never be
    stranded for good).
@@ -65,6 +66,13 @@ class Arrivals:
 
     # -- evidence from inotify (the watcher thread) ---------------------------------
     def created(self, name: str) -> None:
+        try:
+            st = os.lstat(os.path.join(self.folder, name))
+        except OSError:
+            return
+        if st.st_nlink > 1:  # hard-linked in (Maildir's link delivery): written elsewhere, finished
+            self.finished(name)
+            return
         with self._lock:
             self._open.add(name)
             self._finished.pop(name, None)

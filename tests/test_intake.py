@@ -184,3 +184,18 @@ def test_two_folders_of_the_same_name_are_both_kept(tree: Tree, cfg: Config, jou
     assert sorted(os.listdir(kept)) == ["twice-2.json", "twice.json"]
     assert (kept / "twice-2.json" / "f.txt").read_text() == "2"
     assert os.listdir(tree.incoming) == []
+
+
+def test_a_file_hard_linked_in_is_taken_at_once(tree: Tree, cfg: Config, journal: Journal):
+    """Maildir's link delivery: the file was finished elsewhere; inotify shows only its creation."""
+    arrivals = Arrivals(tree.incoming, quiet=30.0)
+    watcher = Watcher([tree.incoming], Waker(), tree.pending, arrivals)
+    assert watcher.start()
+    try:
+        elsewhere = tree.root / "linked.json"
+        elsewhere.write_bytes(b"[]")
+        os.link(elsewhere, tree.incoming / "linked.json")
+        wait_for(lambda: accept.accept_incoming(tree, cfg, "w1", journal, arrivals=arrivals), timeout=5)
+        assert (tree.rejected / "linked.json").read_bytes() == b"[]"
+    finally:
+        watcher.stop()
