@@ -229,9 +229,9 @@ class Daemon:
         wait = self.backoff.next()
         if key != self._last_failure:
             self._last_failure = key
-            log.exception("loop step failed; retrying in %.0f s", wait)
+            log.exception("loop step failed; retrying in %g s", wait)
         else:  # the same failure again: one line, not another traceback
-            log.error("loop step failed again (%s); retrying in %.0f s", key, wait)
+            log.error("loop step failed again (%s); retrying in %g s", key, wait)
         self._pause(wait, f"retrying after: {key}")
 
     def _step_succeeded(self) -> None:
