@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import Daemon, minimal, run_cli, wait_for
 
-from spool import config, status
+from spool import settings, status
 from spool.tree import Tree
 
 
@@ -34,10 +34,10 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
 def _spool(fs: Path, assets: Path) -> Tree:
     t = Tree.at(fs / "spool")
     t.create()
-    text = config.template([str(assets)])
-    text = text.replace("poll_interval = 2.0", "poll_interval = 0.2")
-    text = text.replace("heartbeat_interval = 5.0", "heartbeat_interval = 0.5")
-    t.config_file.write_text(text)
+    settings.write(
+        t.config_file,
+        {"assets": {"roots": [str(assets)]}, "daemon": {"poll_interval": 0.2, "heartbeat_interval": 0.5}},
+    )
     return t
 
 

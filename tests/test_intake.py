@@ -15,7 +15,7 @@ from pathlib import Path
 
 from conftest import minimal, wait_for
 
-from spool import accept, status
+from spool import accept, settings, status
 from spool.arrivals import Arrivals
 from spool.config import Config
 from spool.events import Journal
@@ -154,7 +154,7 @@ def test_daemon_accepts_a_shell_redirection_that_writes_late(
 
 
 def test_polling_daemon_accepts_a_slow_copy_whole(tree: Tree, assets: Path, daemons):
-    tree.config_file.write_text(tree.config_file.read_text().replace('watch = "auto"', 'watch = "poll"'))
+    settings.write(tree.config_file, {"daemon": {"watch": "poll"}})
     data = b" " * 200_000 + json.dumps(minimal(assets, name="slowcopy")).encode()  # no prefix is JSON
     d = daemons(tree)
     wait_for(lambda: (tree.workers / f"{os.uname().nodename}-w1.json").exists(), timeout=30)
