@@ -46,6 +46,19 @@ class _Key(NamedTuple):
     job_id: str
 
 
+#: Jobs read before the first claim when ``pending/`` holds more names than this:
+#: the look-ahead of a first scan (see :class:`PendingIndex`).
+LOOKAHEAD = 256
+#: Seconds one :meth:`PendingIndex.refresh` spends reading job files it has not
+#: seen, once it has read :data:`LOOKAHEAD` of them; the rest waits for the next
+#: call (the daemon calls again at once, after claiming into its free slots).
+READ_BUDGET = 0.2
+#: A full listing of ``pending/`` is spaced so that listing costs at most this
+#: share of a core (its CPU time over the interval): 100,000 names over a network
+#: mount take tens of milliseconds of CPU, too much to repeat every poll interval.
+LIST_SHARE = 0.01
+
+
 class PendingIndex:
     """The daemon's ordered view of ``pending/``: higher priority first, then
     earlier submission.
@@ -56,6 +69,21 @@ class PendingIndex:
     are skipped when read and compacted away now and then. A full rescan
     costs one directory listing; between rescans the watcher's events are
     applied name by name (:meth:`note`).
+
+    Reading is bounded per call, so a big queue on a network mount (one round
+    trip per job file) starts rendering at once: names a listing reveals go to
+    a *backlog*, read in listing order, at least :data:`LOOKAHEAD` per call and
+    then for up to :data:`READ_BUDGET` seconds. The claim-order guarantee:
+
+    * with an empty backlog (every listed job read), :meth:`ordered` is exact:
+      priority, then submission time, over all of ``pending/`` as last listed;
+    * while a backlog remains (the first scan of a big queue, or a burst of
+      thousands of new names), it is that order over the jobs read so far, at
+      least the first :data:`LOOKAHEAD` of the listing: a job not yet read
+      waits even if its priority is higher. :attr:`backlog` says how many.
+
+    While the backlog lasts no new listing is taken; after it, listings are
+    spaced to :data:`LIST_SHARE` of a core (:meth:`listing_due`).
     """
 
     def __init__(self, tree: Tree, worker: str | None = None) -> None:
@@ -77,26 +105,64 @@ class PendingIndex:
         self._damaged: set[str] = set()
         #: job ID -> resource pool, for jobs outside the render pool (few; saves memory)
         self._pool: dict[str, str] = {}
+        #: job IDs listed but not read yet, in listing order (read from the end)
+        self._unread: list[str] = []
+        self._unread_set: set[str] = set()
+        #: CPU seconds the last listing took, and when (monotonic) the next one is due
+        self._list_cpu = 0.0
+        self._next_listing = 0.0
 
     def __len__(self) -> int:
         return len(self._keys)
 
+    @property
+    def backlog(self) -> int:
+        """Job files listed but not read yet: the order is exact only at 0."""
+        return len(self._unread_set)
+
+    def listing_due(self, now: float) -> bool:
+        """Whether a full listing may be taken at ``now`` (monotonic): never while a
+        backlog is read, and no more often than :data:`LIST_SHARE` of a core allows."""
+        return not self._unread_set and now >= self._next_listing
+
     def refresh(self) -> int:
-        """Re-read the names in ``pending/``; returns how many jobs it holds."""
-        names = {n[:-5] for n in visible_names(self.tree.pending)}
+        """Re-read the names in ``pending/`` (unless a backlog is still being read),
+        then read a bounded share of the unread ones; returns how many jobs it holds."""
+        if not self._unread_set:
+            self._list()
+        self._read_backlog()
+        return len(self._keys)
+
+    def _list(self) -> None:
+        cpu = time.thread_time()
+        listed = [n[:-5] for n in visible_names(self.tree.pending)]
+        names = set(listed)
         for jid in self._keys.keys() - names:
             self.discard(jid)
-        new = names - self._keys.keys()
-        keys = [k for k in (self._read_key(jid) for jid in new) if k is not None]
-        for k in keys:
-            self._keys[k.job_id] = k
+        # Reversed, so that popping from the end reads in listing order.
+        self._unread = [j for j in reversed(listed) if j not in self._keys]
+        self._unread_set = set(self._unread)
+        self._list_cpu = time.thread_time() - cpu
+        self._next_listing = time.monotonic() + self._list_cpu / LIST_SHARE
+
+    def _read_backlog(self) -> None:
+        t0 = time.monotonic()
+        keys: list[_Key] = []
+        while self._unread and (len(keys) < LOOKAHEAD or time.monotonic() - t0 < READ_BUDGET):
+            jid = self._unread.pop()
+            if jid not in self._unread_set:
+                continue  # noted by the watcher, or discarded, meanwhile
+            self._unread_set.discard(jid)
+            key = self._read_key(jid)
+            if key is not None:
+                self._keys[jid] = key
+                keys.append(key)
         if len(keys) > 64 or self._stale > len(self._sorted) // 2:
             self._sorted = sorted(self._keys.values())  # one sort beats many inserts
             self._stale = 0
         else:
             for k in keys:
                 bisect.insort(self._sorted, k)
-        return len(self._keys)
 
     def note(self, jid: str) -> None:
         """Apply one watcher event about ``pending/<jid>.json`` without a rescan."""
@@ -104,6 +170,7 @@ class PendingIndex:
         if not present:
             self.discard(jid)
         elif jid not in self._keys:
+            self._unread_set.discard(jid)
             key = self._read_key(jid)
             if key is not None:
                 self._keys[jid] = key
@@ -169,16 +236,21 @@ class PendingIndex:
             yield k.job_id
 
     def claimable(self) -> int:
-        """Pending jobs this worker could ever claim (not blocked for it)."""
-        return len(self._keys) - len(self._blocked)
+        """Pending jobs this worker could ever claim (not blocked for it; the
+        backlog counts: a job not read yet is claimable until it says otherwise)."""
+        return len(self._keys) - len(self._blocked) + len(self._unread_set)
 
     def oldest_submitted(self) -> float | None:
-        """When the longest-waiting pending job was submitted (epoch seconds)."""
+        """When the longest-waiting pending job was submitted (epoch seconds);
+        ``None`` while a backlog remains (an unread job may be older)."""
+        if self._unread_set:
+            return None
         return min((k.submitted for k in self._keys.values()), default=None)
 
     def discard(self, jid: str) -> None:
         if self._keys.pop(jid, None) is not None:
             self._stale += 1
+        self._unread_set.discard(jid)  # its entry in _unread is skipped when reached
         self._delayed.pop(jid, None)
         self._estimate.pop(jid, None)
         self._pool.pop(jid, None)

@@ -206,7 +206,7 @@ class Daemon:
             self.wake.clear()
             self._look_at_quarantine(now)
             self._accept()
-            if now >= self._next_scan:
+            if self.index.backlog or (now >= self._next_scan and self.index.listing_due(now)):
                 self.index.refresh()  # the truth, on a timer: inotify misses other hosts
                 self._next_scan = now + self.cfg.daemon.poll_interval
             else:
@@ -227,7 +227,8 @@ class Daemon:
             )
             self._next_beat = now + self.cfg.daemon.heartbeat_interval
         call(self.hooks, "tick", self)
-        self.wake.wait(timeout=0.5 if self.stopping else self.cfg.daemon.poll_interval)
+        if not self.index.backlog or self.stopping:  # a big first scan reads on without a pause
+            self.wake.wait(timeout=0.5 if self.stopping else self.cfg.daemon.poll_interval)
         return True
 
     # -- steps -------------------------------------------------------------------------
