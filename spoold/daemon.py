@@ -227,8 +227,9 @@ class Daemon:
             )
             self._next_beat = now + self.cfg.daemon.heartbeat_interval
         call(self.hooks, "tick", self)
-        if not self.index.backlog or self.stopping:  # a big first scan reads on without a pause
-            self.wake.wait(timeout=0.5 if self.stopping else self.cfg.daemon.poll_interval)
+        # While a big first scan is read (in the background), look back soon for more.
+        reading = self.index.backlog and not self.stopping
+        self.wake.wait(timeout=0.05 if reading else 0.5 if self.stopping else self.cfg.daemon.poll_interval)
         return True
 
     # -- steps -------------------------------------------------------------------------
