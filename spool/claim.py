@@ -162,34 +162,46 @@ class PendingIndex:
         self._next_listing = time.monotonic() + (time.thread_time() - cpu) / LIST_SHARE
 
     def _read_backlog(self) -> None:
-        """Hand out reads, add what came back; block only while the index holds
-        fewer than LOOKAHEAD jobs and some are still to come."""
+        """Hand out reads and add what came back. Blocks only while the index holds
+        fewer than LOOKAHEAD jobs and more are to come; then adds what is done,
+        keeps READERS tasks busy, and returns."""
         added: list[_Key] = []
-        while True:
-            while len(self._inflight) < READERS and self._unread:
-                batch: list[str] = []
-                while self._unread and len(batch) < BATCH:
-                    jid = self._unread.pop()
-                    if jid in self._unread_set:  # else: noted or discarded meanwhile
-                        batch.append(jid)
-                if batch:
-                    if self._readers is None:
-                        self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="pending-reader")
-                    self._inflight.append(self._readers.submit(self._load_all, batch))
-            if not self._inflight:
-                break
-            if not self._inflight[0].done() and len(self._keys) >= LOOKAHEAD:
-                break  # the rest comes in later calls
-            for jid, loaded in self._inflight.popleft().result():
+
+        def merge(task: Future[list[tuple[str, _Loaded]]]) -> None:
+            for jid, loaded in task.result():
                 key = self._merge(jid, loaded)
                 if key is not None:
                     added.append(key)
+
+        while True:
+            self._hand_out()
+            if not self._inflight:
+                break
+            if len(self._keys) >= LOOKAHEAD:
+                while self._inflight and self._inflight[0].done():
+                    merge(self._inflight.popleft())
+                self._hand_out()
+                break
+            merge(self._inflight.popleft())  # waits for it
         if len(added) > 64 or self._stale > len(self._sorted) // 2:
             self._sorted = sorted(self._keys.values())  # one sort beats many inserts
             self._stale = 0
         else:
             for k in added:
                 bisect.insort(self._sorted, k)
+
+    def _hand_out(self) -> None:
+        """Keep READERS reader tasks of BATCH names each in flight, in listing order."""
+        while len(self._inflight) < READERS and self._unread:
+            batch: list[str] = []
+            while self._unread and len(batch) < BATCH:
+                jid = self._unread.pop()
+                if jid in self._unread_set:  # else: noted or discarded meanwhile
+                    batch.append(jid)
+            if batch:
+                if self._readers is None:
+                    self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="pending-reader")
+                self._inflight.append(self._readers.submit(self._load_all, batch))
 
     def _merge(self, jid: str, loaded: _Loaded) -> _Key | None:
         """Add one read job to the index, unless it left the backlog meanwhile."""
