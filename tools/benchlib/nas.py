@@ -13,7 +13,8 @@ mount, where each stat, open or listing page is a round trip.
   against ls (within 2x at 20,000).
 * ``spoold run`` on the mount (``max_active = 1``, no-op jobs): start to first
   claim (seen on the server's side), then its claim rate for a few seconds.
-* at the largest size, a quarantined daemon (it indexes but claims nothing) is
+* at the largest size, a quarantined daemon (it indexes but claims nothing; metrics
+  off, whose hook lists the whole queue every ``metrics_interval``) is
   left to read its backlog, then its steady state is measured while jobs keep
   arriving (5 a second, on the server's side): CPU share over a window (from
   /proc), and listings, stats and opens per minute (``strace -c -f`` attached).
@@ -131,9 +132,15 @@ def steady_state(server: Path, mount: Path, window: float) -> dict[str, float]:
     from spool.tree import Tree
     from spool.workers import worker_id
 
+    from .common import configure
+
     worker = worker_id("nasidle")
     tree = Tree.at(server)
     health.quarantine(tree, worker, "benchmark: index only", [])
+    # The index's own cost: metrics off (the metrics hook lists the whole queue
+    # every metrics_interval for its gauges; that is another figure).
+    settings = tree.config_file.read_text()
+    tree.config_file.write_text(configure(settings, {"observe": {"metrics_dir": ""}}))
     proc = start(
         [SPOOLD, "run", "--spool", str(mount), "--worker", "nasidle"], log_path=server.parent / "idle.log"
     )
@@ -161,6 +168,7 @@ def steady_state(server: Path, mount: Path, window: float) -> dict[str, float]:
     finally:
         stop(proc, signal.SIGTERM, timeout=60)
         (tree.workers / f"{worker}.quarantined").unlink(missing_ok=True)
+        tree.config_file.write_text(settings)
     per_min = 60.0 / window
     return {
         "indexed_s": indexed,
