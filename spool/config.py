@@ -95,10 +95,14 @@ class Daemon(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     heartbeat_interval: Seconds = 5.0
     stop_grace: Annotated[float, msgspec.Meta(ge=0)] = 30.0
     watch: Literal["auto", "inotify", "poll"] = "auto"
+    #: A drop in incoming/ that no inotify event showed closed or renamed in is
+    #: taken once its size and mtime stayed unchanged this long (spool/arrivals.py).
+    incoming_quiet: Seconds = 2.0
 
 
 class Recovery(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    #: A worker on another host whose heartbeat has not advanced for this long is suspect.
+    #: A worker whose heartbeat has not advanced for this long is suspect (another
+    #: host) or stalled (this host, its process alive: stopped or wedged).
     stale_after: Seconds = 120.0
     #: Take over a suspect worker's jobs without an operator (off: a stale heartbeat
     #: is a reason to look, not a licence to act).
@@ -127,6 +131,16 @@ class Render(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     ffprobe: str = "ffprobe"
     font_file: str = ""
     threads: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+class Layers(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Where text and logos may sit (spool.layers): a fraction of the frame kept
+    centred (0.9 = 90 % title-safe) or a preset name such as ``"social"``."""
+
+    safe_area: (
+        Annotated[float, msgspec.Meta(ge=0.5, le=1.0)]
+        | Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9-]{0,31}$")]
+    ) = 0.9
 
 
 class Observe(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -182,6 +196,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     render: Render = msgspec.field(default_factory=Render)
     observe: Observe = msgspec.field(default_factory=Observe)
     filesystem: Filesystem = msgspec.field(default_factory=Filesystem)
+    layers: Layers = msgspec.field(default_factory=Layers)
 
     def asset_roots(self, spool_root: Path) -> list[Path]:
         """Asset roots as absolute, symlink-resolved folders."""
@@ -216,6 +231,79 @@ def parse(raw: bytes, name: str = "spool.toml") -> Config:
         except ValueError as exc:
             raise ConfigError(f"{name}: limits.{key}", str(exc)) from None
     return cfg
+
+
+def changed_keys(old: Config, new: Config) -> list[str]:
+    """``section.key`` of every setting that differs between two configs."""
+    out = []
+    for section in Config.__struct_fields__:
+        a, b = getattr(old, section), getattr(new, section)
+        for key in type(a).__struct_fields__:
+            if getattr(a, key) != getattr(b, key):
+                out.append(f"{section}.{key}")
+    return out
+
+
+#: Settings a running daemon reads once, at start (a reload logs that they wait for a restart).
+AT_START = ("daemon.watch", "filesystem.publish")
+
+
+class Reloader:
+    """Keeps a long-lived process's config in step with ``spool.toml``.
+
+    :meth:`check` is cheap (one ``stat``) and is called every loop: a changed
+    file is re-read and validated; a file that no longer parses, or that was
+    deleted, keeps the config in use and says so once (until it changes
+    again). ``force`` (SIGHUP) re-reads even an unchanged file.
+    """
+
+    def __init__(self, path: Path, cfg: Config) -> None:
+        self.path = path
+        self.cfg = cfg
+        self._sig = self._signature()
+        self._told: object = self._sig  # the file state last reported on
+
+    def _signature(self) -> tuple[int, int, int, int] | None:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return self._sig if hasattr(self, "_sig") else None
+        return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def check(self, force: bool = False) -> tuple[Config | None, str | None]:
+        """(the new config if it changed, one line for the log or ``None``)."""
+        sig = self._signature()
+        if sig == self._sig and not force:
+            return None, None
+        self._sig = sig
+        if sig is None:
+            if self._told is None and not force:
+                return None, None
+            self._told = None
+            return None, f"{self.path} is gone; keeping the configuration loaded before (restore the file)"
+        try:
+            new = parse(self.path.read_bytes(), str(self.path))
+        except ConfigError as exc:
+            self._told = sig
+            return None, f"{exc}; keeping the configuration loaded before"
+        except OSError as exc:
+            self._told = sig
+            return (
+                None,
+                f"{self.path} cannot be read ({exc.strerror}); keeping the configuration loaded before",
+            )
+        self._told = sig
+        keys = changed_keys(self.cfg, new)
+        self.cfg = new
+        if not keys:
+            return None, f"re-read {self.path}: nothing changed" if force else None
+        later = [k for k in keys if k in AT_START]
+        line = f"re-read {self.path}: changed {', '.join(keys)}"
+        if later:
+            line += f" ({', '.join(later)} take effect at the next start)"
+        return new, line
 
 
 def template(asset_roots: list[str], umask: str = "0022") -> str:
@@ -259,9 +347,10 @@ poll_interval = 2.0        # seconds between directory rescans (network mounts r
 heartbeat_interval = 5.0   # seconds between heartbeats in workers/<worker>.json
 stop_grace = 30.0          # seconds running renders may finish after SIGTERM
 watch = "auto"             # auto | inotify | poll; auto: spool doctor decides at daemon start
+incoming_quiet = 2.0       # seconds a drop must stay unchanged when no inotify event shows it finished
 
 [recovery]
-stale_after = 120.0        # seconds without a new heartbeat before a worker on another host is suspect
+stale_after = 120.0        # seconds without a heartbeat: suspect (other host), stalled (this host)
 auto_recover = false       # take over suspect workers' jobs automatically (else: spool recover)
 backoff = 10.0             # technical retries wait backoff * 2^(k-1) seconds...
 backoff_max = 600.0        # ...at most this long
@@ -303,6 +392,12 @@ thumbnail_width = 320      # poster-frame JPEG width made after publish (thumbs/
 # What the spool's filesystem can do decides two strategies; `spool doctor` shows
 # what it measured and chose. Pin them here if you know better.
 publish = "auto"           # auto | link | copy: hard-link outputs into store/, or copy + re-hash
+
+[layers]
+# Text and logos must sit inside the safe area, or the job is rejected at submit
+# (README "Required layers"). A fraction kept centred (0.9 = 90 % title-safe) or a
+# preset: title-safe, action-safe, social (picks social-9x16 / -4x5 / -1x1 / -16x9 by aspect).
+safe_area = 0.9
 """
 
 

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import invariants
 from conftest import minimal, run_cli, state_files, wait_for
 
-from spool import accept, liveness
+from spool import accept, liveness, settings
 from spool.attempt import open_attempt
 from spool.model import WorkerRecord, encode
 from spool.tree import HOST, boot_id, write_atomic
@@ -123,16 +123,44 @@ def test_running_daemon_recovers_a_dead_same_host_worker_by_itself(tree, cfg, as
 def test_daemon_leaves_a_suspect_other_host_worker_alone_by_default(tree, cfg, assets, daemons):
     jid = _stranded(tree, cfg, assets, "far-quiet")
     _record(tree, "far-quiet", host="far", beat_age=3600)
-    text = tree.config_file.read_text().replace("stale_after = 120.0", "stale_after = 0.5")
-    tree.config_file.write_text(text)
+    settings.write(tree.config_file, {"recovery": {"stale_after": 0.5}})
     d = daemons(tree, "w1")
     time.sleep(3)
     assert state_files(tree)["running"] == [f"{jid}.json"]
     d.signal(signal.SIGTERM)
     d.wait()
     # with auto_recover on, the same situation is taken over by policy
-    tree.config_file.write_text(text.replace("auto_recover = false", "auto_recover = true"))
+    settings.write(tree.config_file, {"recovery": {"auto_recover": True}})
     d = daemons(tree, "w2")
     wait_for(lambda: (tree.complete / f"{jid}.json").exists(), timeout=60)
     d.signal(signal.SIGTERM)
     d.wait()
+
+
+def test_a_stopped_daemon_is_stalled_under_needs_attention_and_recovers_when_continued(tree, daemons):
+    """A real daemon, really stopped with SIGSTOP: its pid lives, its heartbeat does not."""
+    settings.write(tree.config_file, {"recovery": {"stale_after": 2.0}})
+    d = daemons(tree)
+    worker = f"{HOST}-w1"
+    wait_for(lambda: tree.worker_file(worker).exists(), timeout=30)
+
+    def health() -> tuple[str, list[dict]]:
+        out = json.loads(run_cli("status", "--json", spool=tree, check=True).stdout)
+        (w,) = [w for w in out["workers"] if w["worker"] == worker]
+        return w["health"], [a for a in out["attention"] if a["subject"] == worker]
+
+    assert health() == ("alive", [])
+    d.signal(signal.SIGSTOP)
+    try:
+        time.sleep(3.0)
+        state, items = health()
+        assert state == "stalled"
+        (item,) = items
+        assert item["problem"].startswith("stalled: process ") and "stopped or hung" in item["problem"]
+        assert f"kill -CONT {d.proc.pid}" in item["next_action"] and "--force" in item["next_action"]
+        human = run_cli("status", spool=tree, check=True).stdout
+        assert "stalled" in human and "Needs attention: nothing" not in human
+    finally:
+        d.signal(signal.SIGCONT)
+    wait_for(lambda: health()[0] == "alive", timeout=30)
+    assert d.alive()
