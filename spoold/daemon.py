@@ -327,7 +327,7 @@ class Daemon:
             self._check_config()
             self._look_at_quarantine(now)
             self._accept()
-            if now >= self._next_scan:
+            if self.index.backlog or (now >= self._next_scan and self.index.listing_due(now)):
                 self.index.refresh()  # the truth, on a timer: inotify misses other hosts
                 self._next_scan = now + self.cfg.daemon.poll_interval
             else:
@@ -350,7 +350,9 @@ class Daemon:
             self._next_beat = now + self.cfg.daemon.heartbeat_interval
             self._beat_written = True
         call(self.hooks, "tick", self)
-        self.wake.wait(timeout=0.5 if self.stopping else self.cfg.daemon.poll_interval)
+        # While a big first scan is read (in the background), look back soon for more.
+        reading = self.index.backlog and not self.stopping
+        self.wake.wait(timeout=0.05 if reading else 0.5 if self.stopping else self.cfg.daemon.poll_interval)
         return True
 
     # -- steps -------------------------------------------------------------------------

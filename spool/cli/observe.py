@@ -31,10 +31,21 @@ def _console() -> Console:
 
 
 @app.command("status")
-def status_cmd(spool: SpoolOpt = None, as_json: JsonOpt = False) -> None:
+def status_cmd(
+    spool: SpoolOpt = None,
+    as_json: JsonOpt = False,
+    exact: Annotated[
+        bool,
+        typer.Option(
+            "--exact",
+            help="Stat every pending job for the oldest pending age (one network round trip "
+            "each on a NAS); without it, a big queue's age comes from live workers or a sample.",
+        ),
+    ] = False,
+) -> None:
     """What is waiting, what is running, what needs attention, and the workers."""
     tree, cfg = open_spool(spool, as_json)
-    ov = overview.overview(tree, cfg)
+    ov = overview.overview(tree, cfg, exact=exact)
     if as_json:
         print_json(ov)
         return
