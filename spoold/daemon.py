@@ -33,6 +33,7 @@ from spool.status import count
 from spool.tree import Tree, make_dirs, visible_names
 from spool.workers import Heartbeat, Identity
 
+from .generations import Generations
 from .hooks import Hook, call, default_hooks
 from .policies import AutoRecover
 from .waker import Waker
@@ -81,6 +82,8 @@ class Daemon:
         self.stats: dict[str, int] = {"claim_conflicts": 0, "claims": 0}
         self.hooks = [AutoRecover(), *default_hooks()] if hooks is None else hooks
         self.journal.listeners.append(lambda ev: call(self.hooks, "event", self, ev))
+        #: Generations (driven kinds) run here between polls, not in slot threads.
+        self.generations = Generations(self.ctx, self._driven_done)
         self._next_beat = 0.0
         self._next_scan = 0.0
 
@@ -110,6 +113,7 @@ class Daemon:
         for outcome in recover.adopt(self.ctx):
             log.info("adopted %s: %s -> %s", outcome.job_id, outcome.decision, outcome.to_state)
         self._check_health()
+        self.generations.start()
         call(self.hooks, "started", self)
         try:
             while True:
@@ -123,6 +127,7 @@ class Daemon:
                     time.sleep(self.cfg.daemon.poll_interval)
         finally:
             self.watcher.stop()
+            self.generations.stop()  # generations in flight stay in running/ and resume at restart
             if self.slots:
                 self.interrupt.set()
             for t in list(self.slots.values()):
@@ -293,6 +298,9 @@ class Daemon:
             self.reserved[jid] = need
             self.pools.take(jid, pool)
             crashpoint("after_claim")
+            if self.generations.drives(pool):
+                self.generations.take(jid)  # no thread, no render slot: polled by the driver
+                continue
             t = threading.Thread(target=self._run_job, args=(jid,), name=f"job-{jid}", daemon=True)
             self.slots[jid] = t
             t.start()
@@ -342,6 +350,13 @@ class Daemon:
                 self._finished.add(jid)
             self.wake.set()
 
+    def _driven_done(self, jid: str, outcome: str) -> None:
+        """The generation driver finished a job: reap it like a slot thread's."""
+        self._note_outcome(jid, outcome)
+        with self._orphans_lock:
+            self._finished.add(jid)
+        self.wake.set()
+
     def _recover_orphans(self) -> None:
         """Recover our own running jobs whose attempt thread died, with backoff."""
         now = time.monotonic()
@@ -366,6 +381,11 @@ class Daemon:
                 del self.slots[jid]
                 self.reserved.pop(jid, None)
                 self.pools.give_back(jid)
+        for jid in finished - self.slots.keys():  # driven jobs: no thread to join
+            self.reserved.pop(jid, None)
+            self.pools.give_back(jid)
+        for jid, pool in self.generations.adopted():  # resumed by recovery: they hold their pool
+            self.pools.take(jid, pool)
 
     def _disk_allows(self, need: int) -> bool:
         """Reserve before claiming: within the allowance, and actually free on disk."""
@@ -379,7 +399,7 @@ class Daemon:
         """Nothing left that this worker could do: nothing running, arriving, or pending
         that it may claim (a quarantined worker may claim nothing; a blocked job is
         another worker's)."""
-        if self.slots or self.orphans:
+        if self.slots or self.orphans or self.generations.busy():
             return False
         if self.quarantined is not None:
             return True
