@@ -250,6 +250,10 @@ class Generations:
             self._done(attempt.job_id, execute(self.ctx, attempt.job_id))
             return
         if isinstance(exc, Failed):
+            try:
+                gk.cancel(self.ctx, job, attempt, self._provider(job.generate.provider))  # stop the cost
+            except Exception:
+                log.exception("%s: cancelling at the provider failed", job.job_id)
             gk.abandon(self.ctx, job, attempt, exc)
         try:
             outcome = end_attempt(self.ctx, job, attempt, exc)

@@ -244,7 +244,7 @@ def _provider_failure(e: ProviderError, what: str) -> Failed:
     return Failed(
         "render",
         f"provider.{e.operation}",
-        f"{what}: {e}",
+        f"{what} (provider {e.provider!r}: {e.operation} {e.problem})",
         expected="an answer from the provider",
         actual=e.code,
         next_action=e.next_action or "Check the provider's status page, then spool retry the job.",
@@ -474,10 +474,15 @@ def download(ctx: Context, job: GenerateJob, attempt: Attempt, provider: Provide
             if e.outcome != "retryable" or n == DOWNLOAD_TRIES:
                 f = _provider_failure(e, f"downloading the output failed (try {n} of {DOWNLOAD_TRIES})")
                 f.property = "provider.download"
-                if e.code == "expired":
-                    f.next_action = (
-                        "The provider no longer serves this output: spool retry generates again (and costs)."
-                    )
+                f.next_action = (
+                    "The provider no longer serves this output: spool retry generates again (and costs)."
+                    if e.code == "expired"
+                    else f"{e.next_action or 'Check the provider.'} Then spool retry generates again "
+                    "(and costs)."
+                    if e.outcome != "retryable"
+                    else f"It failed {n} times from the same URL; check the network or the provider, "
+                    "then spool retry generates again (and costs)."
+                )
                 raise f from None
             _event(ctx, job, attempt, "retrieving", "retrieving", f"download {n} failed ({e.code}); again")
             time.sleep(min(10.0, e.retry_after or 0.5 * 2**n))
