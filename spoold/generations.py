@@ -50,6 +50,10 @@ log = logging.getLogger("spoold.generations")
 DOWNLOADS = 2
 #: Seconds between looks for cancel requests of the generations in flight.
 CANCEL_LOOK = 1.0
+#: Looks at an abandoned attempt's provider job, for a late completion to record (audit only).
+AUDIT_POLLS = 5
+#: Scheduler keys of those looks start with this.
+LATE = "late:"
 
 
 class Generations:
@@ -75,6 +79,8 @@ class Generations:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._next_cancel_look = 0.0
+        #: late key -> (job ID, attempt n, provider name, looks left) of abandoned attempts.
+        self.audits: dict[str, tuple[str, int, str, int]] = {}
         gk.set_driver(self)
 
     # -- the daemon's side -------------------------------------------------------------
@@ -150,6 +156,9 @@ class Generations:
         for due in self.sched.pop_due():
             if self._stop.is_set():
                 return
+            if due.key.startswith(LATE):
+                self._audit(due.key)
+                continue
             flight = self.flights.get(due.key)
             if flight is not None:
                 self._step(*flight)
@@ -255,6 +264,11 @@ class Generations:
             except Exception:
                 log.exception("%s: cancelling at the provider failed", job.job_id)
             gk.abandon(self.ctx, job, attempt, exc)
+            if threading.current_thread() is self._thread and gk.was_sent(attempt):
+                # The provider may finish it anyway: look a few more times, for the record only.
+                late = LATE + key
+                self.audits[late] = (job.job_id, attempt.n, job.generate.provider, AUDIT_POLLS)
+                self.sched.add(late, job.generate.provider)
         try:
             outcome = end_attempt(self.ctx, job, attempt, exc)
         except Exception:
@@ -262,6 +276,24 @@ class Generations:
             outcome = "error"
         log.info("%s: %s", job.job_id, outcome)
         self._done(job.job_id, outcome)
+
+    def _audit(self, late: str) -> None:
+        """One look at an abandoned attempt's provider job: a success goes to
+        ``late-completion.json`` and nowhere else (the attempt is ``failed``)."""
+        jid, n, provider, left = self.audits.pop(late, ("", 0, "", 0))
+        if not jid:
+            return
+        attempt = Attempt(self.ctx.tree, jid, n)
+        try:
+            final = gk.record_late(self.ctx, attempt, self._provider(provider))
+        except Exception:
+            log.exception("%s: looking for a late completion of attempt %d failed", jid, n)
+            final = False
+        if final or left <= 1:
+            self.sched.discard(late)
+            return
+        self.audits[late] = (jid, n, provider, left - 1)
+        self.sched.report(late, "pending")
 
     def _done(self, job_id: str, outcome: str) -> None:
         with self._lock:

@@ -299,3 +299,28 @@ def test_the_token_is_never_written_to_any_file(gtree, sim, daemons):
                 leaks.append(str(p))
     # The job file holds the submitter's own input verbatim (the prompt): nothing else may.
     assert [p for p in leaks if not p.endswith(f"{jid}.json")] == []
+
+
+def test_a_late_completion_of_an_abandoned_attempt_is_recorded_and_never_published(tree, sim, daemons):
+    table = provider_table(sim).replace("deadline = 30", "deadline = 1")
+    text = tree.config_file.read_text().replace("backoff = 10.0", "backoff = 0.2") + table
+    tree.config_file.write_text(text)
+    prompt = "late bloomer"
+    jid = submit(tree, gen_sub("gen-late", prompt))
+    sim.control(faults=["never", "late:0.5"])  # attempt 1's job: only "finishes" after its cancel
+    try:
+        d = daemons(tree, env=ENV)
+        wait_for(lambda: gen_view(tree, jid).state == "generating", timeout=30)
+        sim.control(faults=[])  # attempt 2 generates normally
+        late = tree.attempt_dir(jid, 1) / "gen" / "late-completion.json"
+        wait_for(lambda: tree.job_file("complete", jid).exists() and late.exists(), timeout=40)
+    finally:
+        sim.control(faults=[])
+    m = read(tree.manifest_file(jid), Manifest)
+    assert m.attempt == 2
+    assert gen_view(tree, jid, 1).state == "failed" and gen_view(tree, jid, 2).state == "indexed"
+    first = sim.job(gen_view(tree, jid, 1).record.provider_job_id)
+    assert first.canceled_at is not None and first.succeeded_at is not None
+    assert creates(sim, prompt) == 2  # one per attempt: the retry is a new generation
+    d.signal(15)
+    assert d.wait(timeout=30) == 0

@@ -539,28 +539,40 @@ def abandon(ctx: Context, job: JobBase, attempt: Attempt, f: Failed) -> None:
     _event(ctx, job, attempt, "failed", view.state, f"{f.property}: {f.message}")
 
 
-def record_late(ctx: Context, job: JobBase, attempt: Attempt, provider: Provider) -> bool:
-    """Look once more at an abandoned attempt's provider job; a success is kept for audit only."""
+def was_sent(attempt: Attempt) -> bool:
+    """Whether the attempt ever had a provider job (a result of it could still arrive)."""
+    view = generation.read(_gen(attempt))
+    return bool(view.record and view.record.provider_job_id)
+
+
+def record_late(ctx: Context, attempt: Attempt, provider: Provider) -> bool:
+    """Look once at an abandoned attempt's provider job; ``True`` once there is nothing more to see.
+
+    A success is kept in ``late-completion.json`` for audit, never used: the attempt
+    is ``failed``, so nothing moves it on and its output is never downloaded."""
     view = generation.read(_gen(attempt))
     pid = view.record.provider_job_id if view.record else None
     if view.state != "failed" or not pid:
-        return False
+        return True
     try:
         rj = provider.get(pid)
-    except ProviderError:
-        return False
-    if rj.status != "succeeded":
-        return False
-    late = generation.LateCompletion(
-        provider_job_id=pid,
-        provider_status=rj.raw_status,
-        outputs=rj.outputs,
-        seen_at=now(),
-        attempt_state="failed",
-    )
-    if generation.record_late(_gen(attempt), late):
-        _event(ctx, job, attempt, "late", "failed", f"provider job {pid} succeeded after it was abandoned")
-    return True
+    except ProviderError as e:
+        return not e.retryable
+    if rj.status == "succeeded":
+        late = generation.LateCompletion(
+            provider_job_id=pid,
+            provider_status=rj.raw_status,
+            outputs=rj.outputs,
+            seen_at=now(),
+            attempt_state="failed",
+        )
+        if generation.record_late(_gen(attempt), late):
+            ctx.journal.record(
+                attempt.job_id, "gen.late", from_="gen.failed", attempt=attempt.n,
+                reason=f"provider job {pid} succeeded after attempt {attempt.n} was abandoned; "
+                "recorded for audit, never published",
+            )  # fmt: skip
+    return rj.status in ("succeeded", "failed")  # "canceled" may still turn into a late success
 
 
 __all__ = [
@@ -578,4 +590,5 @@ __all__ = [
     "record_late",
     "schedule",
     "set_driver",
+    "was_sent",
 ]
