@@ -193,6 +193,11 @@ class Generations:
             crashpoint("after_attempt_dir")
             self.ctx.journal.record(job_id, "running", from_="pending", attempt=attempt.n, reason="claimed")
             log.info("%s: attempt %d started (generation)", job_id, attempt.n)
+            try:
+                gk.inherit(self.ctx, job, attempt)  # a provider job still in flight is never created twice
+            except OSError as exc:
+                self._end(gk.key_of(job_id, attempt.n), job, attempt, exc)
+                return
         else:
             attempt = Attempt(self.ctx.tree, job_id, n)
             log.info("%s: attempt %d resumed (generation)", job_id, n)

@@ -324,3 +324,20 @@ def test_a_late_completion_of_an_abandoned_attempt_is_recorded_and_never_publish
     assert creates(sim, prompt) == 2  # one per attempt: the retry is a new generation
     d.signal(15)
     assert d.wait(timeout=30) == 0
+
+
+def test_spool_recover_of_a_dead_workers_generation_never_creates_twice(gtree, sim, daemons):
+    prompt = "recovered elsewhere"
+    jid = submit(gtree, gen_sub("gen-recovered", prompt))
+    d = daemons(gtree, env={**ENV, "SPOOL_CRASH_AT": "after_gen_generating"})
+    assert d.wait(timeout=60) == -9
+    r = run_cli("recover", spool=gtree)  # no driver in the CLI: the job goes back to pending
+    assert r.returncode == 0, r.stderr
+    d2 = daemons(gtree, "w2", drain=True, env=ENV)
+    assert d2.wait(timeout=90) == 0, d2.output()[-3000:]
+    assert state_files(gtree)["complete"] == [f"{jid}.json"]
+    assert creates(sim, prompt) == 1
+    n = read(gtree.manifest_file(jid), Manifest).attempt
+    assert n > 1
+    first, last = gen_view(gtree, jid, 1).record, gen_view(gtree, jid, n).record
+    assert first.provider_job_id == last.provider_job_id

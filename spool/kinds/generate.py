@@ -170,6 +170,7 @@ class Generate(Kind[GenerateJob]):
     def produce(self, ctx: Context, job: GenerateJob, attempt: Attempt) -> Produced:
         """Without a driver: the same steps on this thread, sleeping until each poll is due."""
         provider = open_for(ctx.cfg, job.generate.provider)
+        inherit(ctx, job, attempt)
         sched = PollScheduler(
             {job.generate.provider: ctx.cfg.provider_configs[job.generate.provider].polling}, clock=time.time
         )
@@ -268,6 +269,34 @@ def begin(ctx: Context, job: GenerateJob, attempt: Attempt) -> None:
     generation.begin(_gen(attempt), it, ctx.worker)
     _event(ctx, job, attempt, "submitted", None, f"intent {it.key} recorded before the create")
     crashpoint("after_gen_intent")
+
+
+def inherit(ctx: Context, job: GenerateJob, attempt: Attempt) -> bool:
+    """A new attempt after one that was still in flight (its worker died and recovery
+    without a driver, such as ``spool recover`` on another host, sent the job back):
+    carry on with the same provider job instead of a second create. The old attempt
+    is left as it was; this one's records say where the provider job came from."""
+    if attempt.n < 2:
+        return False
+    prev = generation.read(generation.gen_dir(attempt.tree.attempt_dir(job.job_id, attempt.n - 1)))
+    rec = prev.record
+    if prev.state not in ("submitted", "generating", "retrieving", "stored") or rec is None:
+        return False
+    gen = _gen(attempt)
+    # The same key and intent time: a lookup of a lost create must search from then.
+    generation.begin(gen, msgspec.structs.replace(rec.intent, attempt=attempt.n), ctx.worker)
+    came = f"attempt {attempt.n - 1}"
+    _event(ctx, job, attempt, "submitted", None, f"intent {rec.intent.key} carried over from {came}")
+    if rec.provider_job_id is None:
+        return True  # its create's fate is unknown: settle it here (find, never a blind resubmit)
+    generation.transition(
+        gen, "generating", ctx.worker, expect="submitted", provider_job_id=rec.provider_job_id
+    )
+    _event(ctx, job, attempt, "generating", "submitted", f"provider job {rec.provider_job_id} of {came}")
+    if prev.state != "generating" and rec.output_url:
+        generation.transition(gen, "retrieving", ctx.worker, expect="generating", output_url=rec.output_url)
+        _event(ctx, job, attempt, "retrieving", "generating", f"output of {came}, downloaded again")
+    return True
 
 
 def create(ctx: Context, job: GenerateJob, attempt: Attempt, provider: Provider) -> Next:
@@ -585,6 +614,7 @@ __all__ = [
     "advance",
     "cancel",
     "download",
+    "inherit",
     "on_stage",
     "open_for",
     "record_late",
