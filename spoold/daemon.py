@@ -223,7 +223,7 @@ class Daemon:
                 return False
         if now >= self._next_beat:
             self.heartbeat.beat(
-                active=list(self.slots),
+                active=[*self.slots, *self.generations.held()],
                 state="stopping" if self.stopping else "running",
                 temp_disk_reserved=sum(self.reserved.values()),
                 oldest_pending_submitted=self.index.oldest_submitted(),

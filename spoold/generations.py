@@ -112,6 +112,11 @@ class Generations:
             except queue.Empty:
                 return out
 
+    def held(self) -> list[str]:
+        """The jobs this driver holds now (for the heartbeat)."""
+        with self._lock:
+            return sorted(self.active)
+
     def busy(self) -> bool:
         with self._lock:
             return bool(self.active)

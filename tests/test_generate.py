@@ -88,7 +88,8 @@ def submit(tree: Tree, sub: dict[str, Any]) -> str:
 
 def creates(sim: ProviderSim, prompt: str) -> int:
     """Jobs the simulator made for this prompt (each create request that got through)."""
-    return sum(1 for j in sim.state.jobs.values() if j.input.get("prompt") == prompt and not j.hidden)
+    jobs = list(sim.state.jobs.values())
+    return sum(1 for j in jobs if j.input.get("prompt") == prompt and not j.hidden)
 
 
 def gen_view(tree: Tree, jid: str, n: int = 1) -> generation.View:
@@ -164,8 +165,20 @@ def test_truncated_downloads_are_retried_from_the_same_url_then_fail_located(gtr
 
 
 def test_an_expired_output_url_is_a_located_failure_with_its_next_action(gtree, sim, monkeypatch):
-    jid = submit(gtree, gen_sub("gen-expired", "gone soon #fault=expire:0"))
+    prompt = "gone soon #fault=expire:0"
+    jid = submit(gtree, gen_sub("gen-expired", prompt))
+
+    def succeeded_long_ago() -> None:
+        # expire:0 leaves the URL valid for up to a second after success: make the
+        # success a minute old as soon as the simulator has the job, before any poll.
+        jobs = lambda: list(sim.state.jobs.values())  # noqa: E731 - the server thread adds to it
+        job = wait_for(lambda: next((j for j in jobs() if j.input["prompt"] == prompt), None), interval=0.01)
+        job.succeeded_at = job.created - 60
+
+    helper = threading.Thread(target=succeeded_long_ago)
+    helper.start()
     run_in_process(gtree, jid, monkeypatch)
+    helper.join()
     f = read(gtree.attempt_dir(jid, 1) / "failure.json", Failure)
     assert f.property == "provider.download" and "expired" in f.message
     assert "generates again" in f.next_action
