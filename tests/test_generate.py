@@ -213,6 +213,37 @@ def test_a_duplicate_completion_is_retrieved_once(gtree, sim, monkeypatch):
     ]  # fmt: skip
 
 
+def test_a_rate_limited_create_is_sent_again_and_makes_one_job(gtree, sim, monkeypatch):
+    prompt = "queued behind a 429"
+    jid = submit(gtree, gen_sub("gen-create-429", prompt))
+    sim.control(ratelimit={"count": 1, "retry_after": 0.2})  # the next API request: the create
+    assert run_in_process(gtree, jid, monkeypatch) == "complete"
+    assert creates(sim, prompt) == 1
+
+
+def test_a_create_whose_reply_is_lost_is_found_and_adopted_not_resent(gtree, sim, monkeypatch):
+    prompt = "made but answered 502 #fault=create_5xx_after"
+    jid = submit(gtree, gen_sub("gen-ambiguous", prompt))
+    assert run_in_process(gtree, jid, monkeypatch) == "complete"
+    assert creates(sim, prompt) == 1
+    events = (gtree.root / "events" / "t1.jsonl").read_text()
+    assert "create reply lost" in events and "adopted provider job" in events
+
+
+def test_runway_generates_and_a_lost_create_reply_fails_with_check_the_provider(tree, sim, monkeypatch):
+    with open(tree.config_file, "a") as f:
+        f.write(provider_table(sim, "rw").replace('"replicate"', '"runway"'))
+    spec = {"provider": "rw", "model": "gen4_turbo", "input": {"promptText": "a mug, runway style"}}
+    ok = submit(tree, gen_sub("gen-runway", generate=spec))
+    assert run_in_process(tree, ok, monkeypatch) == "complete"
+    lost = {**spec, "input": {"promptText": "made, reply lost #fault=create_5xx_after"}}
+    bad = submit(tree, gen_sub("gen-runway-lost", generate=lost))
+    assert run_in_process(tree, bad, monkeypatch) == "failed"
+    f = read(tree.attempt_dir(bad, 1) / "failure.json", Failure)
+    assert "check the provider; spool retry submits again" in f.next_action.lower()
+    assert gen_view(tree, bad).state == "failed"
+
+
 def test_the_spending_guard_refuses_with_a_located_reason(tree, sim, monkeypatch):
     with open(tree.config_file, "a") as f:
         f.write(provider_table(sim) + "\n[providers.sim.spending]\nper_hour = 1\nper_day = 10\n")

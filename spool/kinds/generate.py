@@ -38,6 +38,7 @@ from ..model import JobBase, Output, Record, ValidationReport, now
 from ..polling import PollScheduler
 from ..providers import CHECK_PROVIDER, Provider, ProviderError, open_provider
 from ..providers.config import pool_name
+from ..tree import fsync_dir, write_atomic
 from ..validate import validate
 from .base import Kind, Produced
 
@@ -55,6 +56,8 @@ ModelName = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 DOWNLOAD_TRIES = 3
 #: Seconds before a ``submitted`` attempt whose create's fate is unknown looks again.
 FIND_AGAIN = 5.0
+#: In ``gen/``: the last create certainly never reached the provider (connection refused, 429).
+UNSENT = "create-not-sent"
 
 
 class GenerateSpec(Record, forbid_unknown_fields=True, kw_only=True):
@@ -330,8 +333,13 @@ def create(ctx: Context, job: GenerateJob, attempt: Attempt, provider: Provider)
             _event(ctx, job, attempt, "submitted", "submitted", f"create reply lost ({e.code}); finding it")
             return Next("wait", wait=0.0)
         if e.outcome == "retryable":
-            # Certainly never arrived (refused, 429): the intent stays; ask again later.
-            return Next("wait", wait=min(60.0, max(1.0, e.retry_after or FIND_AGAIN)))
+            # Certainly never arrived (refused, 429): the intent stays; send it again later
+            # without a lookup. A crash loses nothing: without this note, the lookup decides.
+            write_atomic(_gen(attempt) / UNSENT, f"{e.code}\n".encode())
+            _event(
+                ctx, job, attempt, "submitted", "submitted", f"create not accepted ({e.code}); again later"
+            )
+            return Next("wait", wait=min(60.0, max(0.5, e.retry_after or FIND_AGAIN)))
         raise _provider_failure(e, "the create request was refused") from None
     except generation.Conflict:
         return Next("wait", wait=0.0)  # someone else moved it: look at the state again
@@ -346,6 +354,11 @@ def settle_submitted(
     """A ``submitted`` attempt whose create's fate is unknown: find, adopt, create or fail."""
     rec = view.record
     assert rec is not None
+    unsent = _gen(attempt) / UNSENT
+    if unsent.exists():
+        unsent.unlink()  # durably gone before the create is sent again (a crash then: look it up)
+        fsync_dir(unsent.parent)
+        return create(ctx, job, attempt, provider)
     lookup = None
     if provider.can_find:
         since = rec.at if rec.at.tzinfo else rec.at.replace(tzinfo=now().tzinfo)
