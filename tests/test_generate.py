@@ -19,7 +19,7 @@ import pytest
 from conftest import TAGS, minimal, run_cli, state_files, wait_for, write_json
 from provsim import ProviderSim
 
-from spool import accept, claim, config, generation, pools
+from spool import accept, claim, config, generation, pools, settings
 from spool.context import Context
 from spool.errors import InvalidInput
 from spool.events import Journal
@@ -281,8 +281,7 @@ def test_a_generation_job_runs_end_to_end_under_the_daemon(gtree, sim, daemons):
 
 
 def test_a_waiting_generation_holds_no_render_slot(gtree, sim, assets, daemons):
-    text = gtree.config_file.read_text().replace("max_active = 2", "max_active = 1")
-    gtree.config_file.write_text(text)
+    settings.write(gtree.config_file, {"limits": {"max_active": 1}})
     gen = submit(gtree, gen_sub("gen-slow", "slow one #fault=work:6", priority=10))
     d = daemons(gtree, env=ENV)
     wait_for(lambda: gen_view(gtree, gen).state == "generating", timeout=30)
@@ -346,9 +345,9 @@ def test_the_token_is_never_written_to_any_file(gtree, sim, daemons):
 
 
 def test_a_late_completion_of_an_abandoned_attempt_is_recorded_and_never_published(tree, sim, daemons):
-    table = provider_table(sim).replace("deadline = 30", "deadline = 1")
-    text = tree.config_file.read_text().replace("backoff = 10.0", "backoff = 0.2") + table
-    tree.config_file.write_text(text)
+    settings.write(tree.config_file, {"recovery": {"backoff": 0.2}})
+    with open(tree.config_file, "a") as f:
+        f.write(provider_table(sim).replace("deadline = 30", "deadline = 1"))
     prompt = "late bloomer"
     jid = submit(tree, gen_sub("gen-late", prompt))
     sim.control(faults=["never", "late:0.5"])  # attempt 1's job: only "finishes" after its cancel
