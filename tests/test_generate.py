@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -384,3 +385,18 @@ def test_spool_recover_of_a_dead_workers_generation_never_creates_twice(gtree, s
     assert n > 1
     first, last = gen_view(gtree, jid, 1).record, gen_view(gtree, jid, n).record
     assert first.provider_job_id == last.provider_job_id
+
+
+def test_generations_in_flight_never_exceed_the_providers_allowance(tree, sim, daemons):
+    with open(tree.config_file, "a") as f:
+        f.write(provider_table(sim).replace("in_flight = 4", "in_flight = 2"))
+    jids = [submit(tree, gen_sub(f"gen-many-{i}", f"one of many {i} #fault=work:1")) for i in range(6)]
+    d = daemons(tree, drain=True, env=ENV)
+    peak = 0
+    while d.alive():
+        markers = tree.attempts.glob("*/*/gen/state.*")
+        peak = max(peak, sum(1 for p in markers if not p.name.endswith(("indexed", "failed"))))
+        time.sleep(0.02)
+    assert d.wait(timeout=60) == 0
+    assert state_files(tree)["complete"] == sorted(f"{j}.json" for j in jids)
+    assert peak == 2  # the allowance was used, and never exceeded
