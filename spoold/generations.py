@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from spool import intent, quarantine
 from spool.attempt import Attempt, open_attempt
 from spool.context import Context
-from spool.errors import Failed, LostOwnership
+from spool.errors import ConfigError, Failed, LostOwnership
 from spool.execute import end_attempt, execute, validation_failure
 from spool.faults import crashpoint
 from spool.kinds import generate as gk
@@ -54,6 +54,35 @@ CANCEL_LOOK = 1.0
 AUDIT_POLLS = 5
 #: Scheduler keys of those looks start with this.
 LATE = "late:"
+
+
+def _located(exc: BaseException, job: gk.GenerateJob | None) -> BaseException:
+    """What :func:`spool.execute.end_attempt` records for an exception of a step."""
+    if isinstance(exc, Failed | LostOwnership | OSError | quarantine.Damaged):
+        return exc
+    if isinstance(exc, ProviderError):
+        return Failed("render", f"provider.{exc.operation}", str(exc), next_action=exc.next_action or "")
+    name = job.generate.provider if job is not None else "?"
+    if isinstance(exc, ConfigError | KeyError):
+        # This daemon cannot speak to the provider (no table, no token): the host's fault,
+        # so the job moves on to a worker that can (spool.blocklist).
+        return Failed(
+            "prepare",
+            f"providers.{name}",
+            f"this worker cannot use provider {name!r}: {exc}",
+            expected=f"[providers.{name}] in spool.toml and its token_env in the daemon's environment",
+            actual="missing",
+            next_action=f"Configure [providers.{name}] and its token variable for this daemon; restart it.",
+            fault="host",
+        )
+    log.error("%s: unexpected %s in a generation step", job.job_id if job else "?", type(exc).__name__)
+    return Failed(
+        "render",
+        "internal",
+        f"the generation step failed unexpectedly ({type(exc).__name__}: {exc})",
+        next_action="Read the daemon's log; spool retry the job.",
+        retryable=True,
+    )
 
 
 class Generations:
@@ -218,7 +247,7 @@ class Generations:
             job = job or self._load(job_id)
             intent.raise_if_cancelled(self.ctx.tree, job_id, n, self.ctx.worker)
             nxt = gk.advance(self.ctx, job, attempt, self._provider(job.generate.provider))
-        except (Failed, LostOwnership, OSError, ProviderError, quarantine.Damaged) as exc:
+        except Exception as exc:  # every ending is recorded; the driver itself goes on
             self._end(key, job, attempt, exc)
             return
         if nxt.action == "retrieve":
@@ -263,10 +292,10 @@ class Generations:
             self.sched.discard(key)  # the scheduler is the polling thread's alone
         with self._lock:
             self.flights.pop(key, None)
-        if isinstance(exc, ProviderError):
-            exc = Failed("render", f"provider.{exc.operation}", str(exc), next_action=exc.next_action or "")
-        if isinstance(exc, quarantine.Damaged) or job is None:
-            self._done(attempt.job_id, execute(self.ctx, attempt.job_id))
+        exc = _located(exc, job)
+        if job is None:  # the job file could not be read: damaged (quarantined there) or gone
+            lost = not isinstance(exc, quarantine.Damaged)
+            self._done(attempt.job_id, "lost" if lost else execute(self.ctx, attempt.job_id))
             return
         if isinstance(exc, Failed):
             try:

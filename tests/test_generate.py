@@ -97,6 +97,11 @@ def gen_view(tree: Tree, jid: str, n: int = 1) -> generation.View:
     return generation.read(generation.gen_dir(tree.attempt_dir(jid, n)))
 
 
+def gtree_worker(d: Any) -> str:
+    """The worker identity of a test daemon (``<host>-w1``)."""
+    return next(p.name[:-5] for p in d.log.parent.glob("spool/workers/*.json"))
+
+
 def run_in_process(tree: Tree, jid: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """Claim and run one job on this thread (the kind's own step loop, no daemon)."""
     monkeypatch.setenv(ENV_NAME, TOKEN)
@@ -400,3 +405,14 @@ def test_generations_in_flight_never_exceed_the_providers_allowance(tree, sim, d
     assert d.wait(timeout=60) == 0
     assert state_files(tree)["complete"] == sorted(f"{j}.json" for j in jids)
     assert peak == 2  # the allowance was used, and never exceeded
+
+
+def test_a_daemon_without_the_token_moves_the_job_on_and_names_the_variable(gtree, sim, daemons):
+    jid = submit(gtree, gen_sub("gen-no-token", "who am I"))
+    d = daemons(gtree, drain=True, env={ENV_NAME: ""})
+    assert d.wait(timeout=60) == 0, d.output()[-3000:]
+    f = read(gtree.attempt_dir(jid, 1) / "failure.json", Failure)
+    assert f.property == "providers.sim" and f.fault == "host"
+    assert ENV_NAME in f.message
+    assert (gtree.job_attempts(jid) / f"blocked-{gtree_worker(d)}.json").exists()
+    assert creates(sim, "who am I") == 0
