@@ -300,7 +300,14 @@ def test_a_waiting_generation_holds_no_render_slot(gtree, sim, assets, daemons):
 
 
 @pytest.mark.parametrize(
-    "point", ["after_gen_intent", "after_gen_create", "after_gen_generating", "after_gen_retrieving"]
+    "point",
+    [
+        "after_gen_intent",
+        "after_gen_create",
+        "after_gen_generating",
+        "after_gen_retrieving",
+        "after_gen_stored",
+    ],
 )
 def test_kill_9_between_states_resumes_without_a_second_create(tree, sim, daemons, point):
     # after_gen_intent: nothing was sent, but only a listing that has settled (30 s) proves it.
