@@ -184,7 +184,7 @@ class Generate(Kind[GenerateJob]):
                 schedule(sched, key, job.generate.provider, nxt)
                 while (due := sched.next_due()) is not None and due > time.time():
                     if ctx.stop.wait(min(0.2, due - time.time())):
-                        raise Interrupted()  # the attempt stays as it is: recovery resumes it
+                        raise Interrupted()  # the next attempt inherits the provider job
                     intent.raise_if_cancelled(ctx.tree, job.job_id, attempt.n, ctx.worker)
                 sched.pop_due()
                 nxt = advance(ctx, job, attempt, provider)
@@ -281,7 +281,10 @@ def inherit(ctx: Context, job: GenerateJob, attempt: Attempt) -> bool:
     is left as it was; this one's records say where the provider job came from."""
     if attempt.n < 2:
         return False
-    prev = generation.read(generation.gen_dir(attempt.tree.attempt_dir(job.job_id, attempt.n - 1)))
+    prev_dir = attempt.tree.attempt_dir(job.job_id, attempt.n - 1)
+    if (prev_dir / "failure.json").exists():
+        return False  # it ended with a located failure: a retry generates again
+    prev = generation.read(generation.gen_dir(prev_dir))
     rec = prev.record
     if prev.state not in ("submitted", "generating", "retrieving", "stored") or rec is None:
         return False
