@@ -423,3 +423,17 @@ def test_a_daemon_without_the_token_moves_the_job_on_and_names_the_variable(gtre
     assert ENV_NAME in f.message
     assert (gtree.job_attempts(jid) / f"blocked-{gtree_worker(d)}.json").exists()
     assert creates(sim, "who am I") == 0
+
+
+def test_a_stopped_daemon_leaves_its_generation_running_and_resumes_it(gtree, sim, daemons):
+    prompt = "patient #fault=work:4"
+    jid = submit(gtree, gen_sub("gen-stop", prompt))
+    d = daemons(gtree, env=ENV)
+    wait_for(lambda: gen_view(gtree, jid).state == "generating", timeout=30)
+    d.signal(15)
+    assert d.wait(timeout=30) == 0
+    assert state_files(gtree)["running"] == [f"{jid}.json"]  # not returned to pending, not failed
+    d2 = daemons(gtree, drain=True, env=ENV)
+    assert d2.wait(timeout=60) == 0, d2.output()[-3000:]
+    assert state_files(gtree)["complete"] == [f"{jid}.json"]
+    assert creates(sim, prompt) == 1 and gtree.attempt_numbers(jid) == [1]
