@@ -92,7 +92,6 @@ class Generations:
         self.ctx = ctx
         self.on_done = on_done
         cfgs = ctx.cfg.provider_configs
-        self.pools = {pool_name(n) for n in cfgs}
         self.sched = PollScheduler({n: c.polling for n, c in cfgs.items()}, clock=time.time)
         #: scheduler key -> (job ID, attempt n) of every generation between create and download.
         self.flights: dict[str, tuple[str, int]] = {}
@@ -115,7 +114,7 @@ class Generations:
     # -- the daemon's side -------------------------------------------------------------
     def drives(self, pool: str) -> bool:
         """Whether a job drawing from ``pool`` is handed here instead of a slot thread."""
-        return pool in self.pools
+        return pool.startswith(pool_name(""))  # every provider's pool, also one a reload added
 
     def take(self, job_id: str) -> None:
         """A job the daemon has just claimed (from a pool this driver drives)."""
