@@ -8,12 +8,15 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 
 from .decoding import convert
 from .errors import ConfigError, InvalidInput
+
+if TYPE_CHECKING:
+    from .providers.config import ProviderConfig
 
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
@@ -197,6 +200,14 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     observe: Observe = msgspec.field(default_factory=Observe)
     filesystem: Filesystem = msgspec.field(default_factory=Filesystem)
     layers: Layers = msgspec.field(default_factory=Layers)
+    #: ``[providers.<name>]`` tables (docs/providers.md): raw here, each checked
+    #: into a ``ProviderConfig`` by :func:`parse` (read them via :attr:`provider_configs`).
+    providers: dict[str, Any] = {}
+
+    @property
+    def provider_configs(self) -> dict[str, ProviderConfig]:
+        """The hosted video providers generation jobs may name, by name."""
+        return self.providers
 
     def asset_roots(self, spool_root: Path) -> list[Path]:
         """Asset roots as absolute, symlink-resolved folders."""
@@ -230,6 +241,12 @@ def parse(raw: bytes, name: str = "spool.toml") -> Config:
             parse_size(getattr(cfg.limits, key))
         except ValueError as exc:
             raise ConfigError(f"{name}: limits.{key}", str(exc)) from None
+    # Imported here: the providers' config builds on this module's types.
+    from .providers.config import parse_providers, secret_names
+
+    cfg.providers = parse_providers(data.get("providers"))
+    # The variables holding provider tokens are secrets: masked wherever spool writes.
+    cfg.secrets.env = sorted({*cfg.secrets.env, *secret_names(cfg.providers.values())})
     return cfg
 
 

@@ -75,7 +75,7 @@ __all__ = ["Decision", "Evidence", "Outcome", "RecoveryRecord", "adopt", "decide
 @dataclass(frozen=True)
 class Outcome:
     job_id: str
-    decision: Decision | Literal["quarantine"]
+    decision: Decision | Literal["quarantine", "resumed"]
     reason: str
     to_state: str
 
@@ -234,6 +234,16 @@ def recover(
         return Outcome(job_id, decision, reason, _target(decision))
     if owner != ctx.worker and not takeover(ctx, owner, job_id, why or "recovery"):
         return None
+    # A kind may carry on an attempt in flight itself (a generation keeps polling the
+    # same provider job); only otherwise does the evidence decide.
+    n = current_attempt(tree, job_id, owner)
+    if n and kinds.of(job).resume(ctx, job, tree.attempt_dir(job_id, n)):
+        reason = f"attempt {n} is in flight; its kind resumes it"
+        ctx.journal.record(
+            job_id, "running", from_="running", attempt=n, reason=f"recovery (resumed): {reason}"
+        )
+        log.info("%s: recovery resumed attempt %d", job_id, n)
+        return Outcome(job_id, "resumed", reason, "running")
     report = None
     valid: bool | None = None
     if needs_validation:
