@@ -157,6 +157,14 @@ class Filesystem(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     publish: Literal["auto", "link", "copy"] = "auto"
 
 
+class Library(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The asset library (SPEC section 9)."""
+
+    #: Visibility values search lists without --visibility: a discovery filter that
+    #: fails closed (filesystem permissions are the real access control).
+    visible: list[str] = msgspec.field(default_factory=lambda: ["public", "internal"])
+
+
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     assets: Assets = msgspec.field(default_factory=Assets)
     limits: Limits = msgspec.field(default_factory=Limits)
@@ -169,6 +177,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     render: Render = msgspec.field(default_factory=Render)
     observe: Observe = msgspec.field(default_factory=Observe)
     filesystem: Filesystem = msgspec.field(default_factory=Filesystem)
+    library: Library = msgspec.field(default_factory=Library)
 
     def asset_roots(self, spool_root: Path) -> list[Path]:
         """Asset roots as absolute, symlink-resolved folders."""
@@ -281,6 +290,12 @@ thumbnail_width = 320      # poster-frame JPEG width made after publish (thumbs/
 # What the spool's filesystem can do decides two strategies; `spool doctor` shows
 # what it measured and chose. Pin them here if you know better.
 publish = "auto"           # auto | link | copy: hard-link outputs into store/, or copy + re-hash
+
+[library]
+# spool search lists only assets whose visibility tag is one of these (widen with
+# --visibility). A discovery filter that fails closed, not access control:
+# filesystem permissions on the spool are.
+visible = ["public", "internal"]
 """
 
 

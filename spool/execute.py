@@ -10,6 +10,8 @@ crash point (each step durable before the next):
    if one exists already (a crash after this step, or an attempt that lost
    ownership at the last moment), it is kept when it names a verified store
    file for the same recipe, and this attempt adopts it;
+4b. the library index entries (:mod:`spool.index`), so a complete job is
+   always found by its tags;
 5. fence and commit: ``rename(running/<me>/J.json, complete/J.json)``. The
    rename fails for a worker whose job was taken away, so a non-owner can
    never complete a job.
@@ -31,7 +33,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from . import claim, intent, recipe, render, retry, store
+from . import claim, index, intent, recipe, render, retry, store
 from .attempt import Attempt, Interruption, open_attempt, write_failure, write_result
 from .config import Config
 from .errors import LostOwnership
@@ -355,6 +357,8 @@ def publish(
     _fence(ctx, job.job_id, "manifest")
     manifest = _install_manifest(tree, manifest)
     crashpoint("after_manifest")
+    index.index_job(tree, manifest, ctx.cfg.acceptance.required_tags)  # the library (SPEC 9)
+    crashpoint("after_index")
     _fence(ctx, job.job_id, "complete")
     crashpoint("before_complete_rename")
     if not claim.move(tree, ctx.worker, job.job_id, "complete"):

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import liveness, store
+from . import index, liveness, store
 from .model import Failure, Manifest, WorkerRecord, encode
 from .status import Location, attempt_numbers, locate_all, read, running_workers
 from .tree import FLAT_STATES, Tree, fsync_dir, visible_names, write_atomic, writer_gone
@@ -99,6 +99,7 @@ def check(
     problems += _manifests(tree, verify_hashes)
     problems += _store(tree, repair, verify_hashes)
     problems += _leftovers(tree, repair, grace)
+    problems += index.fsck_problems(tree, repair=repair)  # the library index (SPEC 9)
     return problems
 
 

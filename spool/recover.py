@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from . import claim, liveness, retry, store
+from . import claim, index, liveness, retry, store
 from .attempt import open_attempt, write_failure
 from .errors import LostOwnership
 from .execute import Context, check_candidate, publish
@@ -311,6 +311,9 @@ def _log_decision(
 def _apply(ctx: Context, job: Job, ev: Evidence, decision: Decision, reason: str, report: Any) -> str:
     tree, jid = ctx.tree, job.job_id
     if decision == "published":
+        published = read(tree.manifest_file(jid), Manifest)
+        assert published is not None  # decided "published": it exists and verifies
+        index.index_job(tree, published, ctx.cfg.acceptance.required_tags)
         _move(ctx, jid, "complete")
         return "complete"
     if decision == "staged":
@@ -319,6 +322,7 @@ def _apply(ctx: Context, job: Job, ev: Evidence, decision: Decision, reason: str
         # No verified manifest exists (else the decision were "published"): an
         # absent one is installed, a damaged one is replaced by the verified result.
         write_atomic(tree.manifest_file(jid), encode(staged), mode=0o444)
+        index.index_job(tree, staged, ctx.cfg.acceptance.required_tags)
         _move(ctx, jid, "complete")
         return "complete"
     if decision == "recorded-failure":

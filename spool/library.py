@@ -1,0 +1,404 @@
+"""The asset library: versions, search and get over the index (SPEC section 9).
+
+A job ``name`` is an asset and each revision a version. The *current*
+version is the highest revision that is indexed and whose job is in
+``complete/``: decided from names on disk at read time, with no pointer to
+update, so it never goes backwards and an older revision that completes late
+never becomes current.
+
+Search terms (``spool search``):
+
+* ``TAG=VALUE``: the asset's tag equals VALUE exactly (at least one tag term
+  must name an indexed tag, ``[acceptance] required_tags``, unless the query
+  has no tag terms at all, which lists every asset);
+* ``FIELD<N``, ``FIELD<=N``, ``FIELD>N``, ``FIELD>=N``, ``FIELD=N``,
+  ``FIELD!=N`` for an enrichment field (:data:`spool.enrich.FIELDS`, or a
+  plug-in's ``name.key``): numeric comparison (``=``/``!=`` also compare
+  text for plug-in values). A term is split at its first ``<``, ``>``, ``!``
+  or ``=``; enrichment field names win over tag names.
+
+All terms are ANDed. Hits are checked before they are returned: the job is
+complete, its manifest has exactly the queried tags, its visibility is
+allowed, and its store file exists with the manifest's size. An asset whose
+enrichment cannot judge a comparison is counted in ``partial`` by field,
+never silently dropped.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from . import enrich, index, store, thumbs
+from .config import Config
+from .errors import InvalidInput, NotFound, NotReady, SpoolError
+from .model import JOB_ID_RE, NAME_RE, Manifest, split_job_id
+from .status import locate, read, running_workers
+from .tree import Tree, fsync_dir, temp_name
+
+_TERM = re.compile(r"^(?P<field>[a-z][a-z0-9_.-]{0,63})(?P<op><=|>=|!=|<|>|=)(?P<value>.*)$", re.S)
+_SHA = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    field: str
+    op: str
+    value: float | str
+
+    def test(self, actual: Any) -> bool:
+        if isinstance(self.value, str) or isinstance(actual, str):
+            a, b = str(actual), str(self.value)
+            return a == b if self.op == "=" else a != b if self.op == "!=" else False
+        x, y = float(actual), self.value
+        return {
+            "<": x < y,
+            "<=": x <= y,
+            ">": x > y,
+            ">=": x >= y,
+            "=": x == y,
+            "!=": x != y,
+        }[self.op]
+
+
+@dataclass(frozen=True)
+class Query:
+    tags: dict[str, str] = field(default_factory=dict)
+    comparisons: list[Comparison] = field(default_factory=list)
+
+
+def parse_terms(terms: Iterable[str], plugin_names: Iterable[str] = ()) -> Query:
+    """Pure: search terms -> a query; a bad term raises :class:`InvalidInput` naming it."""
+    plugin_names = list(plugin_names)
+    tags: dict[str, str] = {}
+    comps: list[Comparison] = []
+    for term in terms:
+        m = _TERM.match(term)
+        if m is None:
+            raise InvalidInput(
+                term, "is not a search term (TAG=VALUE, or FIELD<N with one of < <= > >= = != )"
+            )
+        fld, op, raw = m.group("field"), m.group("op"), m.group("value")
+        if enrich.enricher_of(fld, plugin_names) is not None:
+            num: float | str
+            try:
+                num = float(raw)
+            except ValueError:
+                if op in ("=", "!=") and fld not in enrich.FIELDS:
+                    num = raw
+                else:
+                    raise InvalidInput(term, f"{fld} compares with a number, not {raw!r}") from None
+            comps.append(Comparison(fld, op, num))
+        elif op == "=":
+            if not raw:
+                raise InvalidInput(term, f"tag {fld} needs a value")
+            if fld in tags and tags[fld] != raw:
+                raise InvalidInput(term, f"tag {fld} is asked for twice with different values")
+            tags[fld] = raw
+        else:
+            raise InvalidInput(term, f"{fld} is not an enrichment field, and tags only compare with =")
+    return Query(tags, comps)
+
+
+class Hit(msgspec.Struct, kw_only=True):
+    """One search result: a complete, verified-present version of an asset."""
+
+    job: str
+    name: str
+    revision: int
+    current: bool
+    sha256: str
+    path: str  # the store file, relative to the spool root
+    size: int
+    file: str  # the output's own file name
+    tags: dict[str, str]
+    duration: float | None
+    resolution: str | None
+    thumbnail: str | None  # relative to the spool root, if one exists
+    enrichment: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class Result(msgspec.Struct, kw_only=True):
+    results: list[Hit]
+    #: field -> count of matching assets the enrichment could not judge
+    partial: dict[str, int]
+
+
+def current_revision(tree: Tree, name: str) -> int | None:
+    """The highest indexed revision of ``name`` whose job is complete."""
+    for rev in reversed(index.revisions(tree, name)):
+        if tree.job_file("complete", f"{name}@{rev}").exists():
+            return rev
+    return None
+
+
+def _hit(tree: Tree, m: Manifest, current: bool, rec: enrich.Enrichment | None) -> Hit:
+    name, rev = split_job_id(m.job_id)
+    checks = {c.name: c.actual for c in m.validation.checks}
+    duration = rec.facts.duration if rec and rec.facts else _num(checks.get("duration"))
+    w, h = (
+        (rec.facts.width, rec.facts.height)
+        if rec and rec.facts
+        else (checks.get("width"), checks.get("height"))
+    )
+    values = {}
+    if rec is not None:
+        for f in enrich.FIELDS:
+            v = enrich.value(rec, f)
+            if v is not enrich.UNJUDGED:
+                values[f] = v
+    return Hit(
+        job=m.job_id,
+        name=name,
+        revision=rev,
+        current=current,
+        sha256=m.output.sha256,
+        path=m.output.store_path,
+        size=m.output.size,
+        file=m.output.file,
+        tags=m.tags,
+        duration=duration,
+        resolution=f"{w}x{h}" if w and h else None,
+        thumbnail=thumbs.url(tree, m.output.sha256),
+        enrichment=values,
+    )
+
+
+def _num(x: Any) -> float | None:
+    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
+
+
+def _present(tree: Tree, m: Manifest) -> bool:
+    """The store file is there with the manifest's size (cheap; get re-hashes)."""
+    try:
+        return (tree.root / m.output.store_path).stat().st_size == m.output.size
+    except OSError:
+        return False
+
+
+def allowed_visibility(cfg: Config, widen: Iterable[str] = ()) -> set[str]:
+    return set(cfg.library.visible) | set(widen)
+
+
+def search(
+    tree: Tree,
+    cfg: Config,
+    query: Query,
+    *,
+    all_versions: bool = False,
+    visibility: Iterable[str] = (),
+    limit: int | None = None,
+) -> Result:
+    """Every asset version the query matches (current ones unless ``all_versions``)."""
+    required = cfg.acceptance.required_tags
+    indexed = [(t, v) for t, v in query.tags.items() if t in required]
+    if query.tags and not indexed:
+        raise InvalidInput(
+            next(iter(query.tags)), f"is not an indexed tag; search needs one of: {', '.join(required)}"
+        )
+    allowed = allowed_visibility(cfg, visibility)
+    if indexed:
+        sets = sorted((index.entries(tree, t, v) for t, v in indexed), key=len)
+        candidates = set.intersection(*sets)
+    else:
+        candidates = {f"{n}@{r}" for n in index.names(tree) for r in index.revisions(tree, n)}
+    currents: dict[str, int | None] = {}
+    hits: list[Hit] = []
+    partial: dict[str, int] = {}
+    for jid in sorted(candidates, key=_order):
+        if not JOB_ID_RE.match(jid):
+            continue
+        name, rev = split_job_id(jid)
+        if name not in currents:
+            currents[name] = current_revision(tree, name)
+        is_current = currents[name] == rev
+        if not is_current and not (all_versions and tree.job_file("complete", jid).exists()):
+            continue
+        m = read(tree.manifest_file(jid), Manifest)
+        if m is None or any(m.tags.get(t) != v for t, v in query.tags.items()):
+            continue
+        if m.tags.get("visibility") not in allowed:
+            continue  # fails closed: no visibility tag is not an allowed one
+        if not _present(tree, m):
+            continue  # never print a hit whose object is missing (fsck reports it)
+        rec = enrich.load(tree, m.output.sha256)
+        unjudged = [c.field for c in query.comparisons if enrich.value(rec, c.field) is enrich.UNJUDGED]
+        if unjudged:
+            for f in unjudged:
+                partial[f] = partial.get(f, 0) + 1
+            continue
+        if not all(c.test(enrich.value(rec, c.field)) for c in query.comparisons):
+            continue
+        hits.append(_hit(tree, m, is_current, rec))
+        if limit is not None and len(hits) >= limit:
+            break
+    return Result(results=hits, partial=partial)
+
+
+def _order(jid: str) -> tuple[str, int]:
+    name, _, rev = jid.partition("@")
+    return name, int(rev) if rev.isdigit() else 0
+
+
+# -- versions --------------------------------------------------------------------
+
+
+class Version(msgspec.Struct, kw_only=True):
+    job: str
+    revision: int
+    state: str
+    indexed: bool
+    current: bool
+    sha256: str | None = None
+
+
+def _jobs_of_name(tree: Tree, name: str) -> set[int]:
+    revs: set[int] = set()
+    folders = [tree.pending, tree.held, tree.complete, tree.failed]
+    folders += [tree.running_dir(w) for w in running_workers(tree)]
+    for d in folders:
+        for p in d.glob(f"{name}@*.json"):
+            m = JOB_ID_RE.match(p.name[:-5])
+            if m and m.group("name") == name:
+                revs.add(int(m.group("rev")))
+    return revs | set(index.revisions(tree, name))
+
+
+def versions(tree: Tree, name: str) -> list[Version]:
+    """Every revision of an asset with its state; empty if the name is unknown."""
+    cur = current_revision(tree, name)
+    out = []
+    for rev in sorted(_jobs_of_name(tree, name)):
+        jid = f"{name}@{rev}"
+        loc = locate(tree, jid)
+        entry = index.read_version(tree, name, rev)
+        out.append(
+            Version(
+                job=jid,
+                revision=rev,
+                state=loc.state if loc else "unknown",
+                indexed=entry is not None,
+                current=rev == cur,
+                sha256=entry.sha256 if entry else None,
+            )
+        )
+    return out
+
+
+# -- get -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Got:
+    job: str | None  # None when asked by sha256 with no manifest at hand
+    sha256: str
+    path: Path  # the verified store file
+    file: str  # the name to give a copy
+
+
+def _by_job(tree: Tree, jid: str) -> Got:
+    loc = locate(tree, jid)
+    if loc is None:
+        raise NotFound(f"no job {jid}")
+    if loc.state in ("pending", "held", "running"):
+        raise NotReady(f"{jid} is not ready: it is {loc.state}")
+    if loc.state == "failed":
+        raise SpoolError(f"{jid} failed and has no output (spool show {jid})")
+    if not index.is_indexed(tree, jid):
+        raise NotReady(f"{jid} is complete but not yet indexed (spool fsck indexes it)")
+    m = read(tree.manifest_file(jid), Manifest)
+    if m is None:
+        raise SpoolError(f"{jid} is complete but its manifest is unreadable (run spool fsck)")
+    why = store.verify(tree, m)
+    if why is not None:
+        raise SpoolError(f"{jid}'s output does not verify: {why} (run spool fsck)")
+    return Got(jid, m.output.sha256, tree.root / m.output.store_path, m.output.file)
+
+
+def _by_sha(tree: Tree, digest: str) -> Got | None:
+    folder = tree.store / "sha256" / digest[:2]
+    try:
+        found = sorted(n for n in os.listdir(folder) if n.startswith(digest) and not n.startswith("."))
+    except FileNotFoundError:
+        return None
+    if not found:
+        return None
+    path = folder / found[0]
+    actual, _ = store.sha256_file(path)
+    if actual != digest:
+        raise SpoolError(f"store object {digest} does not hash to its name (run spool fsck)")
+    return Got(None, digest, path, found[0])
+
+
+def resolve(tree: Tree, ref: str) -> Got:
+    """The verified file of a job (``name@rev``), of a name's current version, or of
+    a sha256. Raises NotReady (exit 3), NotFound (exit 4), InvalidInput (exit 2)."""
+    if JOB_ID_RE.match(ref):
+        return _by_job(tree, ref)
+    if _SHA.match(ref):
+        got = _by_sha(tree, ref)
+        if got is not None:
+            return got
+    if NAME_RE.match(ref):
+        cur = current_revision(tree, ref)
+        if cur is not None:
+            return _by_job(tree, f"{ref}@{cur}")
+        waiting = [v for v in versions(tree, ref) if v.state in ("pending", "held", "running", "complete")]
+        if waiting:
+            states = ", ".join(f"{v.job} {v.state}" for v in waiting)
+            raise NotReady(f"{ref} has no published version yet ({states})")
+        raise NotFound(f"no asset, job or object {ref}")
+    raise InvalidInput(ref, "is not a job ID (name@revision), an asset name or a sha256")
+
+
+def copy_to(got: Got, dest_dir: Path, *, link: bool = False) -> Path:
+    """Put the file into ``dest_dir`` (hard link with ``link``, else a copy) and verify
+    the sha256 of what was written. An existing different file is never replaced."""
+    if not dest_dir.is_dir():
+        raise InvalidInput("--to", f"{dest_dir} is not a folder")
+    dest = dest_dir / got.file
+    if dest.exists():
+        if store.sha256_file(dest)[0] == got.sha256:
+            return dest
+        raise SpoolError(f"{dest} exists with other content; remove it or choose another --to")
+    tmp = dest_dir / temp_name(got.file)
+    try:
+        linked = False
+        if link:
+            try:
+                os.link(got.path, tmp)
+                linked = True
+            except OSError as exc:
+                if exc.errno not in store.NO_LINKS:
+                    raise
+        if not linked:
+            with open(got.path, "rb") as fin, open(tmp, "xb") as fout:
+                while chunk := fin.read(1 << 20):
+                    fout.write(chunk)
+                fout.flush()
+                os.fsync(fout.fileno())
+        digest, _ = store.sha256_file(tmp)
+        if digest != got.sha256:
+            raise SpoolError(f"the copy in {dest_dir} does not match sha256 {got.sha256}")
+        try:
+            os.link(tmp, dest)
+        except FileExistsError:
+            raise SpoolError(f"{dest} appeared while copying; remove it or choose another --to") from None
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+                raise
+            os.rename(tmp, dest)
+    finally:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+    fsync_dir(dest_dir)
+    return dest
