@@ -312,7 +312,7 @@ def _by_job(tree: Tree, jid: str) -> Got:
     if loc.state == "failed":
         raise SpoolError(f"{jid} failed and has no output (spool show {jid})")
     if not index.is_indexed(tree, jid):
-        raise NotReady(f"{jid} is complete but not yet indexed (spool fsck indexes it)")
+        raise NotReady(f"{jid} is not ready: complete but not yet indexed (spool fsck indexes it)")
     m = read(tree.manifest_file(jid), Manifest)
     if m is None:
         raise SpoolError(f"{jid} is complete but its manifest is unreadable (run spool fsck)")
@@ -353,7 +353,7 @@ def resolve(tree: Tree, ref: str) -> Got:
         waiting = [v for v in versions(tree, ref) if v.state in ("pending", "held", "running", "complete")]
         if waiting:
             states = ", ".join(f"{v.job} {v.state}" for v in waiting)
-            raise NotReady(f"{ref} has no published version yet ({states})")
+            raise NotReady(f"{ref} is not ready: no published version yet ({states})")
         raise NotFound(f"no asset, job or object {ref}")
     raise InvalidInput(ref, "is not a job ID (name@revision), an asset name or a sha256")
 
