@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -127,6 +128,11 @@ def _touch(path: Path) -> bool:
     return True
 
 
+#: Stored -> indexed delays (seconds) of the jobs this process indexed last: the daemon's
+#: metrics read them (no I/O); ``spool index`` computes the same from the records.
+RECENT_DELAYS: deque[float] = deque(maxlen=100)
+
+
 def index_job(tree: Tree, manifest: Manifest, required_tags: list[str]) -> None:
     """Create every index entry of a published job that is missing; durable on return.
 
@@ -152,7 +158,8 @@ def index_job(tree: Tree, manifest: Manifest, required_tags: list[str]) -> None:
     try:
         write_atomic(vf, encode(entry), mode=0o444, replace=False)
     except FileExistsError:
-        pass  # a concurrent recovery or fsck wrote the same record
+        return  # a concurrent recovery or fsck wrote the same record
+    RECENT_DELAYS.append(max(0.0, (entry.indexed_at - entry.published_at).total_seconds()))
 
 
 def is_indexed(tree: Tree, job_id: str) -> bool:
@@ -205,6 +212,17 @@ def _all_tag_entries(tree: Tree) -> Iterator[tuple[str, str, str]]:
                 for jid in sorted(os.listdir(vdir)):
                     if not jid.startswith("."):
                         yield tag, val, jid
+
+
+def delays(tree: Tree) -> list[float]:
+    """Stored -> indexed delay (seconds) of every version record (a full scan)."""
+    out = []
+    for name in names(tree):
+        for rev in revisions(tree, name):
+            v = read_version(tree, name, rev)
+            if v is not None:
+                out.append(max(0.0, (v.indexed_at - v.published_at).total_seconds()))
+    return out
 
 
 def size(tree: Tree) -> tuple[int, int]:

@@ -402,3 +402,42 @@ def copy_to(got: Got, dest_dir: Path, *, link: bool = False) -> Path:
             pass
     fsync_dir(dest_dir)
     return dest
+
+
+# -- observability -------------------------------------------------------------------
+
+
+def stats(tree: Tree) -> dict[str, Any]:
+    """Cheap library figures for ``spool status`` (two directory listings).
+
+    ``enrichment_backlog`` is the assets without an enrichment record, estimated
+    as assets minus records (equal outputs share a record; older versions may
+    have one): exact counts need a scan, which ``spool enrich`` does anyway.
+    """
+    assets = len(index.names(tree))
+    records = len(enrich.enriched_digests(tree))
+    return {"assets": assets, "enriched_objects": records, "enrichment_backlog": max(0, assets - records)}
+
+
+def families(tree: Tree, worker: str) -> list[Any]:
+    """Metrics gauges: index size, enrichment backlog, stored -> indexed delay."""
+    from statistics import median
+
+    from .metrics import Family
+
+    st = stats(tree)
+    size = Family("spool_library_assets", "gauge", "Assets (names) with at least one indexed version.")
+    size.add(st["assets"], worker=worker)
+    backlog = Family(
+        "spool_library_enrichment_backlog", "gauge", "Assets without an enrichment record (estimate)."
+    )
+    backlog.add(st["enrichment_backlog"], worker=worker)
+    delay = Family(
+        "spool_library_index_delay_seconds",
+        "gauge",
+        "Stored -> indexed delay of the jobs this worker published last (median and max of up to 100).",
+    )
+    recent = list(index.RECENT_DELAYS)
+    delay.add(round(median(recent), 6) if recent else 0.0, worker=worker, stat="median")
+    delay.add(round(max(recent), 6) if recent else 0.0, worker=worker, stat="max")
+    return [size, backlog, delay]

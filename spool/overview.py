@@ -432,7 +432,14 @@ def overview(tree: Tree, cfg: Config, *, limit: int = 10, recent: int = 0) -> di
         "rejected": rejected,
         "workers": workers,
         "recent": recent_outputs(tree, recent),
+        "library": _library_stats(tree),
     }
+
+
+def _library_stats(tree: Tree) -> dict[str, Any]:
+    from .library import stats  # the asset library (SPEC 9)
+
+    return stats(tree)
 
 
 def approvals(tree: Tree, job_id: str, current_sha256: str | None = None) -> list[dict[str, Any]]:

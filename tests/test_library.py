@@ -170,3 +170,21 @@ def test_search_with_no_terms_lists_every_current_asset(tree):
     assert [h["job"] for h in search(tree)["results"]] == ["a0@1", "a1@1", "a2@1"]
     assert len(search(tree, "--limit", "2")["results"]) == 2
     write_json(tree.root.parent / "x.json", {})  # unrelated files never confuse it
+
+
+def test_status_index_and_metrics_show_the_library(tree):
+    cfg = allow_noop(tree)
+    for i in range(2):
+        publish(tree, cfg, noop_sub(f"a{i}", tags=tags_for(i)))
+    lib = json.loads(run_cli("status", "--json", spool=tree, check=True).stdout)["library"]
+    assert lib == {"assets": 2, "enriched_objects": 0, "enrichment_backlog": 2}
+    out = json.loads(run_cli("index", "--json", spool=tree, check=True).stdout)
+    assert (out["tag_entries"], out["versions"]) == (8, 2)
+    assert 0 <= out["index_delay_seconds"]["median"] <= out["index_delay_seconds"]["max"] < 5
+    from spool import metrics
+
+    fams = {f.name: f for f in metrics.queue_families(tree, "w1", time.time())}
+    text = metrics.exposition(fams.values())
+    assert 'spool_library_assets{worker="w1"} 2' in text
+    assert 'spool_library_index_delay_seconds{worker="w1",stat="max"}' in text
+    assert 'spool_library_enrichment_backlog{worker="w1"} 2' in text

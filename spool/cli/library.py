@@ -163,12 +163,15 @@ def index_cmd(
     tree, cfg = open_spool(spool, as_json)
     findings = index.check(tree, cfg.acceptance.required_tags, repair=rebuild)
     tags, versions = index.size(tree)
+    delays = sorted(index.delays(tree))
+    delay = {"median": delays[len(delays) // 2], "max": delays[-1]} if delays else None
     if as_json:
         print_json(
             {
                 "findings": [f.__dict__ for f in findings],
                 "tag_entries": tags,
                 "versions": versions,
+                "index_delay_seconds": delay,
                 "rebuilt": rebuild,
             }
         )
@@ -176,6 +179,8 @@ def index_cmd(
         for f in findings:
             typer.echo(f"{'repaired' if f.repaired else 'found'}\t{f.path}: {f.problem}")
         typer.echo(f"index: {tags} tag entries, {versions} versions")
+        if delay:
+            typer.echo(f"stored -> indexed: median {delay['median']:.4f} s, max {delay['max']:.4f} s")
     if any(not f.repaired for f in findings):
         raise typer.Exit(1)
 
