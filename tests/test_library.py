@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -188,3 +189,74 @@ def test_status_index_and_metrics_show_the_library(tree):
     assert 'spool_library_assets{worker="w1"} 2' in text
     assert 'spool_library_index_delay_seconds{worker="w1",stat="max"}' in text
     assert 'spool_library_enrichment_backlog{worker="w1"} 2' in text
+
+
+# -- the library on the status page ------------------------------------------------------
+
+SCRIPT_TAG = "<script>window.__pwned=1</script>"
+IMG_TAG = "<img src=x onerror=window.__pwned=2>"
+
+
+def test_status_page_searches_the_library_and_shows_tags_as_text(tree, assets, daemons):
+    import urllib.error
+    import urllib.request
+
+    import pytest
+    import webdriver
+    from conftest import TAGS
+    from test_web import Server
+
+    evil = dict(TAGS, campaign=SCRIPT_TAG, locale=IMG_TAG)
+    for name, tags, trim in (("evil", evil, 0.6), ("plain", dict(TAGS), 0.8)):  # two different outputs
+        sub = minimal(
+            assets, name=name, tags=tags, steps=[{"op": "trim", "duration": trim}, {"op": "encode"}]
+        )
+        run_cli("submit", str(write_json(tree.root.parent / f"{name}.json", sub)), spool=tree, check=True)
+    assert daemons(tree, "seed", drain=True).wait() == 0
+    from conftest import wait_for
+
+    wait_for(lambda: len(list((tree.root / "thumbs").glob("*.jpg"))) == 2, timeout=30)
+    server = Server(tree)
+    try:
+        q = urllib.parse.quote(f"campaign={SCRIPT_TAG}")
+        [hit] = server.json(f"/api/library?t={q}")["results"]
+        assert hit["job"] == "evil@1" and hit["tags"]["locale"] == IMG_TAG
+        with pytest.raises(urllib.error.HTTPError) as bad:
+            server.json("/api/library?t=director%3Dbob")
+        assert bad.value.code == 400
+        status, headers, body = server.raw("GET", f"/download/{hit['sha256']}")
+        assert status == 200 and hashlib.sha256(body).hexdigest() == hit["sha256"]
+        assert headers["content-disposition"] == f'attachment; filename="{hit["sha256"]}.mp4"'
+        assert server.raw("GET", "/download/" + "0" * 64)[0] == 404
+        if not webdriver.available():
+            pytest.skip("chromium and chromedriver are not installed (tools/setup installs them)")
+        b = webdriver.Browser()
+        try:
+            b.get(server.url)
+            b.wait("return document.body.dataset.librarySearches")
+            assert b.wait(
+                "const i = [...document.querySelectorAll('#lib-grid img')];"
+                "return i.length === 2 && i.every(x => x.complete && x.naturalWidth > 0)"
+            )
+            typed = json.dumps(f'locale="{IMG_TAG}"')  # quotes keep the spaces in one term
+            b.script(f"document.getElementById('lib-q').value = {typed};")
+            b.script("document.getElementById('lib-form').requestSubmit();")
+            b.wait("return document.body.dataset.librarySearches === '2'")
+            grid = b.text("#lib-grid")
+            assert SCRIPT_TAG in grid and IMG_TAG in grid and "plain@1" not in grid
+            links = b.script(
+                "return [...document.querySelectorAll('#lib-grid a.download')]"
+                ".map(a => a.getAttribute('href'))"
+            )
+            assert links == [f"/download/{hit['sha256']}"]
+            assert b.script("return window.__pwned === undefined && document.scripts.length === 1")
+            assert (
+                b.script(
+                    "return document.querySelectorAll('#lib-grid script, #lib-grid img[onerror]').length"
+                )
+                == 0
+            )
+        finally:
+            b.close()
+    finally:
+        server.stop()
