@@ -170,7 +170,7 @@ def is_indexed(tree: Tree, job_id: str) -> bool:
 def revisions(tree: Tree, name: str) -> list[int]:
     """Every indexed revision of a name, ascending (names only, no parsing)."""
     try:
-        names = os.listdir(library_root(tree) / name)
+        names = os.listdir(f"{tree.root}/{LIBRARY}/{name}")  # a str path: hot in search
     except (FileNotFoundError, NotADirectoryError):
         return []
     return sorted(int(n) for n in names if n.isdigit())
@@ -184,9 +184,10 @@ def read_version(tree: Tree, name: str, revision: int) -> VersionEntry | None:
 
 
 def entries(tree: Tree, tag: str, value: str) -> set[str]:
-    """Job IDs indexed under ``tag=value`` (a directory listing)."""
+    """Names indexed under ``tag=value`` (one directory listing; entries are created
+    in place, never under a temp name, and callers match names against job IDs)."""
     try:
-        return {n for n in os.listdir(tag_dir(tree, tag, value)) if not n.startswith(".")}
+        return set(os.listdir(tag_dir(tree, tag, value)))
     except (FileNotFoundError, NotADirectoryError):
         return set()
 

@@ -133,8 +133,9 @@ class Result(msgspec.Struct, kw_only=True):
 
 def current_revision(tree: Tree, name: str) -> int | None:
     """The highest indexed revision of ``name`` whose job is complete."""
+    complete = f"{tree.root}/complete/{name}@"  # str paths: this runs once per hit
     for rev in reversed(index.revisions(tree, name)):
-        if tree.job_file("complete", f"{name}@{rev}").exists():
+        if os.path.exists(f"{complete}{rev}.json"):
             return rev
     return None
 
@@ -178,7 +179,7 @@ def _num(x: Any) -> float | None:
 def _present(tree: Tree, m: Manifest) -> bool:
     """The store file is there with the manifest's size (cheap; get re-hashes)."""
     try:
-        return (tree.root / m.output.store_path).stat().st_size == m.output.size
+        return os.stat(f"{tree.root}/{m.output.store_path}").st_size == m.output.size
     except OSError:
         return False
 
@@ -204,15 +205,16 @@ def search(
             next(iter(query.tags)), f"is not an indexed tag; search needs one of: {', '.join(required)}"
         )
     allowed = allowed_visibility(cfg, visibility)
+    candidates: Iterable[str]
     if indexed:
         sets = sorted((index.entries(tree, t, v) for t, v in indexed), key=len)
-        candidates = set.intersection(*sets)
-    else:
-        candidates = {f"{n}@{r}" for n in index.names(tree) for r in index.revisions(tree, n)}
+        candidates = sorted(set.intersection(*sets), key=_order)
+    else:  # every asset, lazily: a page asking for 60 reads about 60 names' versions
+        candidates = (f"{n}@{r}" for n in index.names(tree) for r in index.revisions(tree, n))
     currents: dict[str, int | None] = {}
     hits: list[Hit] = []
     partial: dict[str, int] = {}
-    for jid in sorted(candidates, key=_order):
+    for jid in candidates:
         if not JOB_ID_RE.match(jid):
             continue
         name, rev = split_job_id(jid)

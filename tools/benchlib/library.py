@@ -203,11 +203,12 @@ def run(mode: str) -> tuple[list[Row], list[str]]:
         terms = ["campaign=c42", "locale=l1"]
         query = library.parse_terms(terms)
         hits = len(library.search(tree, cfg, query).results)  # the warm-up run
-        calls = []
+        calls, cpu = [], []
         for _ in range(max(rounds, 5) * 4):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             library.search(tree, cfg, query)
             calls.append((time.perf_counter() - t) * 1e3)
+            cpu.append((time.process_time() - c) * 1e3)
         rows.append(
             Row(
                 key="library.search_call",
@@ -216,7 +217,8 @@ def run(mode: str) -> tuple[list[Row], list[str]]:
                 spool=median(calls),
                 target="< 20 ms",
                 met=median(calls) < 20,
-                samples={"ms": calls},
+                note=f"CPU time of the same calls: median {median(cpu):.1f} ms (wall adds waits for a core)",
+                samples={"ms": calls, "cpu_ms": cpu},
             )
         )
 
