@@ -154,7 +154,7 @@ def test_bad_arguments_exit_with_the_readme_codes(tree):
         (["show", "nosuch"], 4),
         (["enrich", "nosuch"], 4),
         (["enrich", "bad name"], 2),
-        (["enrich", "--field", "nope"], 0),  # nothing to enrich: the field is never looked at
+        (["enrich", "--field", "nope"], 2),
         (["index", "--bogus"], 2),
     ]
     for args, code in cases:

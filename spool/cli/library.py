@@ -109,6 +109,10 @@ def enrich_cmd(
     """Compute enrichment (facts, scene cuts, loudness, black and silence, plug-ins) now."""
     tree, cfg = open_spool(spool, as_json)
     try:
+        known = [*enrich.BUILTIN, *enrich.plugins()]
+        for f in fields or []:
+            if f not in known:
+                raise InvalidInput("--field", f"unknown enricher {f!r} (known: {', '.join(known)})")
         targets = _targets(tree, cfg, jobs or [])
         out: list[dict[str, Any]] = []
         for jid, got in targets:
