@@ -30,30 +30,28 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 
-from . import probe, recipe
+from . import kinds, recipe
 from .config import Config
 from .decoding import convert, parse_json
 from .errors import InvalidInput
 from .events import Journal
 from .model import (
     Expect,
-    Job,
-    Output,
     Rejection,
-    Source,
-    canonical_json,
     encode,
     job_id,
     now,
 )
 from .secrets import redact
 from .status import load_job, locate, read
-from .store import sha256_file
 from .tree import Tree, fsync_dir, is_visible, rename_durable, write_atomic
+
+if TYPE_CHECKING:
+    from .kinds import Job
 
 log = logging.getLogger("spool.accept")
 
@@ -77,7 +75,8 @@ class Submission(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     name: Name
     revision: Revision = 1
     supersedes: str | None = None
-    operation: Literal["render", "noop"] = "render"
+    #: The job's kind (:data:`spool.kinds.KINDS`): ``render`` unless said otherwise.
+    operation: str = "render"
     sources: Annotated[dict[recipe.Role, PathText], msgspec.Meta(max_length=32)] = {}
     recipe: recipe.Recipe | None = None
     output: OutputRequest = msgspec.field(default_factory=OutputRequest)
@@ -118,97 +117,29 @@ def parse_submission(data: bytes, cfg: Config) -> Submission:
 
 
 def build_job(tree: Tree, cfg: Config, sub: Submission, submitted_by: str) -> Job:
-    """Check everything a submission says against the world and freeze it."""
+    """Check everything a submission says against the world and freeze it.
+
+    The fields every job has are checked here; the rest belongs to the job's
+    kind (:mod:`spool.kinds`), which probes and hashes what it needs.
+    """
+    kind = kinds.named(sub.operation)
     jid = job_id(sub.name, sub.revision)
-    if sub.operation == "render":
-        if sub.recipe is None:
-            raise InvalidInput("recipe", "is required but missing")
-        if not sub.sources:
-            raise InvalidInput("sources", "is required but missing (declare at least the input clip)")
     for key in cfg.acceptance.required_tags:
         if not sub.tags.get(key, "").strip():
             raise InvalidInput(f"tags.{key}", "is a required tag and is missing or empty")
     if sub.supersedes is not None:
         _check_supersedes(tree, sub, jid)
-    if sub.operation == "noop" or sub.recipe is None:
-        return _noop_job(cfg, sub, jid, submitted_by)
-    rec = sub.recipe
-
-    recipe.check_roles(rec, set(sub.sources))
-    roots = cfg.asset_roots(tree.root)
-    resolved = {role: _resolve(role, text, roots) for role, text in sub.sources.items()}
-    unused = sorted(set(resolved) - rec.roles())
-    if unused:
-        raise InvalidInput(f"sources.{unused[0]}", "is declared but no recipe step uses it; remove it")
-    sources = {role: _describe(role, path, cfg) for role, path in resolved.items()}
-    recipe.check(rec, sources)
-
-    ext = recipe.extension(rec)
-    out_file = sub.output.file or f"{sub.name}{ext}"
-    if not out_file.endswith(ext):
-        raise InvalidInput(
-            "output.file",
-            f"must end with {ext} to match the {rec.encode.container} container",
-        )
-    estimate = recipe.estimate_bytes(rec, sources)
-    if estimate > cfg.limits.temp_disk_bytes:
-        raise InvalidInput(
-            "recipe",
-            f"this render may need {estimate / 2**30:.1f} GiB of temporary disk, more than "
-            f"limits.temp_disk ({cfg.limits.temp_disk_bytes / 2**30:.1f} GiB) allows; "
-            "shorten it or raise the limit",
-        )
-    expect = _merge(
-        recipe.default_expect(rec, sources, cfg.validation.duration_tolerance),
-        sub.output.expect,
-    )
-
-    return Job(
+    common: dict[str, Any] = dict(
         job_id=jid,
         name=sub.name,
         revision=sub.revision,
         supersedes=sub.supersedes,
-        operation=sub.operation,
-        recipe=rec,
-        recipe_hash=recipe_hash(rec),
-        sources=[sources[r] for r in sorted(sources)],
-        output=Output(file=out_file, container=rec.encode.container, expect=expect, stated=sub.output.expect),
-        tags=dict(sub.tags),
-        priority=sub.priority,
-        submitted_at=now(),
-        submitted_by=sub.submitted_by or submitted_by,
-        estimate_bytes=estimate,
-    )
-
-
-def _noop_job(cfg: Config, sub: Submission, jid: str, submitted_by: str) -> Job:
-    if not cfg.acceptance.allow_noop:
-        raise InvalidInput(
-            "operation", "noop jobs are for benchmarks and tests; set [acceptance] allow_noop = true"
-        )
-    if sub.sources or sub.recipe is not None:
-        raise InvalidInput(
-            "recipe" if sub.recipe is not None else "sources", "a noop job takes none; remove it"
-        )
-    return Job(
-        job_id=jid,
-        name=sub.name,
-        revision=sub.revision,
-        supersedes=sub.supersedes,
-        operation="noop",
-        recipe=None,
-        recipe_hash=hashlib.sha256(b"null").hexdigest(),
-        sources=[],
-        output=Output(file=sub.output.file or f"{sub.name}.txt", container="txt", expect=Expect()),
         tags=dict(sub.tags),
         priority=sub.priority,
         submitted_at=now(),
         submitted_by=sub.submitted_by or submitted_by,
     )
-
-
-def recipe_hash(r: recipe.Recipe) -> str:
-    return hashlib.sha256(canonical_json(r)).hexdigest()
+    return kind.freeze(tree, cfg, sub, common)
 
 
 def _check_supersedes(tree: Tree, sub: Submission, jid: str) -> None:
@@ -218,71 +149,6 @@ def _check_supersedes(tree: Tree, sub: Submission, jid: str) -> None:
         raise InvalidInput("supersedes", f"must name an earlier revision of {sub.name}, not {prev!r}")
     if locate(tree, prev) is None:
         raise InvalidInput("supersedes", f"names {prev}, which is not a job in this spool")
-
-
-def _resolve(role: str, text: str, roots: list[Path]) -> Path:
-    """A source path -> its real path inside an asset root, or a rejection."""
-    field = f"sources.{role}"
-    if "\x00" in text:
-        raise InvalidInput(field, "contains a NUL character")
-    if not roots:
-        raise InvalidInput(
-            field,
-            "cannot be checked because spool.toml [assets] roots is empty; "
-            "add the folder that holds your media",
-        )
-    given = Path(text).expanduser()
-    candidates = [given] if given.is_absolute() else [root / given for root in roots]
-    for cand in candidates:
-        if not os.path.lexists(cand):
-            continue
-        try:
-            real = cand.resolve(strict=True)
-        except RuntimeError:
-            raise InvalidInput(field, f"{text} is a symbolic link loop") from None
-        except OSError as exc:
-            raise InvalidInput(field, f"{text} cannot be resolved ({exc.strerror})") from None
-        if not any(real == root or root in real.parents for root in roots):
-            raise InvalidInput(field, f"{text} resolves to {real}, outside the asset roots")
-        return real
-    raise InvalidInput(field, f"{text} does not exist")
-
-
-def _describe(role: str, path: Path, cfg: Config) -> Source:
-    """stat, probe and hash one resolved source; never opens a FIFO or device."""
-    field = f"sources.{role}"
-    try:
-        st = os.stat(path)
-    except OSError as exc:
-        raise InvalidInput(field, f"{path} cannot be read ({exc.strerror})") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise InvalidInput(field, f"{path} is a folder, not a media file")
-    if not stat.S_ISREG(st.st_mode):
-        raise InvalidInput(field, f"{path} is not a regular file (device, FIFO or socket)")
-    if st.st_size == 0:
-        raise InvalidInput(field, f"{path} is empty")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        os.close(fd)
-    except OSError as exc:
-        raise InvalidInput(field, f"{path} cannot be read ({exc.strerror})") from None
-    try:
-        info = probe.ffprobe(path, cfg.render.ffprobe)
-    except probe.ProbeError as exc:
-        raise InvalidInput(field, f"{path} is not media ffprobe can read ({exc})") from None
-    if probe.is_indirect(info):
-        raise InvalidInput(field, f"{path} is a playlist or concat list, which spool does not accept")
-    digest, size = sha256_file(path)
-    return Source(role=role, path=str(path), size=size, sha256=digest, probe=probe.summarize(info))
-
-
-def _merge(defaults: Expect, stated: Expect) -> Expect:
-    """Stated expectations win over the recipe's defaults, field by field."""
-    values = {
-        f: getattr(stated, f) if getattr(stated, f) is not None else getattr(defaults, f)
-        for f in Expect.__struct_fields__
-    }
-    return Expect(**values)
 
 
 # -- committing ---------------------------------------------------------------------
@@ -392,7 +258,11 @@ def reject(
     stem = _free_stem(tree, _stem(original_name), original_name)
     dest = tree.rejected / f"{stem}.json"
     rec = Rejection(
-        file=original_name, field=error.field, reason=redact(str(error)), rejected_at=now(), rejected_by=by
+        file=original_name,
+        field=redact(error.field),  # a field can name a tag or role that is a secret
+        reason=redact(str(error)),
+        rejected_at=now(),
+        rejected_by=by,
     )
     write_atomic(tree.rejected / f"{stem}.error.json", encode(rec))
     if move_from is not None:

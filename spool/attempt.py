@@ -14,16 +14,15 @@ another's attempt, and recovery never deletes or rewrites one.
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 import msgspec
 
 from .model import AttemptRecord, Failure, Manifest, Record, encode, now
-from .status import attempt_numbers
 from .tree import HOST, Tree, boot_id, fsync_dir, make_dirs, write_atomic
 
 
@@ -42,7 +41,8 @@ class Attempt:
         return self.dir / "work"
 
     @property
-    def log(self) -> Path:
+    def tool_log(self) -> Path:
+        """The log of the tool that makes the candidate (FFmpeg for a render)."""
         return self.dir / "ffmpeg.log"
 
     @property
@@ -56,16 +56,6 @@ class Attempt:
         return path
 
 
-class Interruption(Record, kw_only=True):
-    """``interrupted.json``: the attempt was stopped before it ended."""
-
-    job_id: str
-    attempt: int
-    reason: str
-    worker: str
-    at: datetime
-
-
 def open_attempt(tree: Tree, job_id: str, worker: str, reason: str = "claim") -> Attempt:
     """Create the next attempt folder for a job this worker owns."""
     parent = tree.job_attempts(job_id)
@@ -73,7 +63,7 @@ def open_attempt(tree: Tree, job_id: str, worker: str, reason: str = "claim") ->
     staging = parent / f".new.{HOST}.{os.getpid()}.{secrets.token_hex(4)}"
     os.mkdir(staging)
     os.mkdir(staging / "work")
-    n = (max(attempt_numbers(tree, job_id), default=0)) + 1
+    n = (max(tree.attempt_numbers(job_id), default=0)) + 1
     rec = AttemptRecord(
         job_id=job_id,
         n=n,
@@ -89,12 +79,30 @@ def open_attempt(tree: Tree, job_id: str, worker: str, reason: str = "claim") ->
         try:
             os.rename(staging, parent / str(n))
             break
-        except OSError:
-            # <n> exists (only after a crash mid-numbering): take the next number.
+        except OSError as exc:
+            # Renaming a folder onto a non-empty one fails with ENOTEMPTY (or EEXIST):
+            # <n> was taken (only after a crash mid-numbering), so take the next
+            # number. Anything else (EACCES, EROFS, ENOSPC) is a located error:
+            # retrying it would loop forever with n rising.
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                _remove_staging(staging)
+                raise
             n += 1
             rec = msgspec.structs.replace(rec, n=n)
     fsync_dir(parent)
     return Attempt(tree, job_id, n)
+
+
+def _remove_staging(staging: Path) -> None:
+    for p in (staging / "attempt.json", staging / "work"):
+        try:
+            p.rmdir() if p.is_dir() else p.unlink()
+        except OSError:
+            pass
+    try:
+        staging.rmdir()
+    except OSError:
+        pass
 
 
 def write_failure(attempt: Attempt, failure: Failure) -> Path:

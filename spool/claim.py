@@ -15,7 +15,7 @@ for a worker whose job was taken away.
 from __future__ import annotations
 
 import bisect
-import os
+import errno
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -23,9 +23,9 @@ from typing import NamedTuple
 
 import msgspec
 
-from . import retry
+from . import blocklist, kinds, pools, retry
 from .model import Record
-from .tree import Tree, fsync_dir, make_dirs, visible_names
+from .tree import NotRegular, Tree, read_regular, transfer, visible_names
 
 
 class _Order(Record, kw_only=True):
@@ -34,6 +34,7 @@ class _Order(Record, kw_only=True):
     priority: int = 0
     submitted_at: datetime | None = None
     estimate_bytes: int = 0
+    operation: str = "render"
 
 
 class _Key(NamedTuple):
@@ -57,8 +58,12 @@ class PendingIndex:
     applied name by name (:meth:`note`).
     """
 
-    def __init__(self, tree: Tree) -> None:
+    def __init__(self, tree: Tree, worker: str | None = None) -> None:
         self.tree = tree
+        #: The worker claiming: jobs whose blocklist names it are never offered to it.
+        self.worker = worker
+        #: job IDs in pending/ that block this worker (spool.blocklist)
+        self._blocked: set[str] = set()
         self._keys: dict[str, _Key] = {}
         self._sorted: list[_Key] = []
         self._stale = 0
@@ -68,6 +73,10 @@ class PendingIndex:
         self._estimate: dict[str, int] = {}
         #: job IDs whose retry delay has been looked up since they entered pending/
         self._checked: set[str] = set()
+        #: names in pending/ that cannot be a job file (see take_damaged)
+        self._damaged: set[str] = set()
+        #: job ID -> resource pool, for jobs outside the render pool (few; saves memory)
+        self._pool: dict[str, str] = {}
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -102,14 +111,33 @@ class PendingIndex:
 
     def _read_key(self, jid: str) -> _Key | None:
         try:
-            data = self.tree.job_file("pending", jid).read_bytes()
+            data = read_regular(self.tree.job_file("pending", jid))
             order = msgspec.json.decode(data, type=_Order)
-        except (OSError, msgspec.DecodeError, msgspec.ValidationError):
-            return None  # gone already, or not a job file: claiming will tell
+        except (NotRegular, msgspec.DecodeError, msgspec.ValidationError):
+            self._damaged.add(jid)  # never claimable: the daemon quarantines it
+            return None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # a symbolic link (O_NOFOLLOW)
+                self._damaged.add(jid)
+            return None  # gone already, or a NAS hiccup: the next scan tells
         ts = order.submitted_at.timestamp() if order.submitted_at else 0.0
         if order.estimate_bytes:
             self._estimate[jid] = order.estimate_bytes
+        kind = kinds.KINDS.get(order.operation)
+        pool = kind.pool(data) if kind is not None else pools.RENDER  # claiming judges the rest
+        if pool != pools.RENDER:
+            self._pool[jid] = pool
         return _Key(-order.priority, ts, jid)
+
+    def take_damaged(self) -> list[str]:
+        """Names in ``pending/`` that can never be a job (unparseable, not a regular
+        file); each is reported once, for the daemon to quarantine."""
+        out, self._damaged = sorted(self._damaged), set()
+        return out
+
+    def pool(self, jid: str) -> str:
+        """The resource pool the job's attempt will draw from."""
+        return self._pool.get(jid, pools.RENDER)
 
     def estimate(self, jid: str) -> int:
         """Bytes of temporary disk the job's render may need (0 if unknown)."""
@@ -129,6 +157,10 @@ class PendingIndex:
                 wait_until = retry.not_before(self.tree, k.job_id)
                 if wait_until is not None:
                     self._delayed[k.job_id] = wait_until
+                if self.worker is not None and blocklist.blocks(self.tree, k.job_id, self.worker):
+                    self._blocked.add(k.job_id)
+            if k.job_id in self._blocked:
+                continue
             until = self._delayed.get(k.job_id)
             if until is not None:
                 if until > t:
@@ -136,66 +168,33 @@ class PendingIndex:
                 del self._delayed[k.job_id]
             yield k.job_id
 
+    def claimable(self) -> int:
+        """Pending jobs this worker could ever claim (not blocked for it)."""
+        return len(self._keys) - len(self._blocked)
+
     def oldest_submitted(self) -> float | None:
         """When the longest-waiting pending job was submitted (epoch seconds)."""
         return min((k.submitted for k in self._keys.values()), default=None)
-
-    def next_due(self) -> float | None:
-        """When the earliest delayed job becomes claimable (epoch seconds)."""
-        return min(self._delayed.values(), default=None)
 
     def discard(self, jid: str) -> None:
         if self._keys.pop(jid, None) is not None:
             self._stale += 1
         self._delayed.pop(jid, None)
         self._estimate.pop(jid, None)
+        self._pool.pop(jid, None)
+        self._blocked.discard(jid)
         self._checked.discard(jid)
 
 
 def claim(tree: Tree, worker: str, job_id: str) -> bool:
     """Try to take ``job_id`` for ``worker``; ``True`` only if it is now ours.
 
-    Durable on return: both folders are fsynced after a successful rename.
+    One :func:`~spool.tree.transfer` (the rename with its lost-reply check);
+    durable on return.
     """
-    src = tree.job_file("pending", job_id)
-    dst = tree.job_file("running", job_id, worker)
-    try:
-        os.rename(src, dst)
-    except OSError:
-        if not dst.parent.is_dir():
-            make_dirs(dst.parent)  # first claim of this worker
-            return claim(tree, worker, job_id)
-        # Any errno may hide a lost reply on a network mount (nas.md section 4).
-        if not _landed(dst):
-            return False
-    fsync_dir(dst.parent)
-    fsync_dir(src.parent)
-    return True
-
-
-def _landed(dst: os.PathLike[str]) -> bool:
-    return os.path.exists(dst)
+    return transfer(tree.job_file("pending", job_id), tree.job_file("running", job_id, worker))
 
 
 def owns(tree: Tree, worker: str, job_id: str) -> bool:
     """The fencing check: is the job file still in this worker's running folder?"""
     return tree.job_file("running", job_id, worker).exists()
-
-
-def move(tree: Tree, worker: str, job_id: str, to_state: str) -> bool:
-    """Move an owned running job to ``to_state`` (complete, failed, pending).
-
-    Returns ``False`` if the job was no longer ours (the rename found nothing
-    and the destination does not hold it either): the caller lost ownership.
-    """
-    src = tree.job_file("running", job_id, worker)
-    dst = tree.job_file(to_state, job_id)
-    try:
-        os.rename(src, dst)
-    except OSError:
-        # Lost reply check: it moved if it is at dst and no longer at src.
-        if not (dst.exists() and not src.exists()):
-            return False
-    fsync_dir(dst.parent)
-    fsync_dir(src.parent)
-    return True

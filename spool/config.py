@@ -110,6 +110,18 @@ class Recovery(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     work_retention: Annotated[float, msgspec.Meta(ge=0)] = 7 * 86400.0
 
 
+class Health(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Telling a broken node from a bad job (spool.health, spool.blocklist)."""
+
+    #: A job that failed with host-class errors on this many different workers is
+    #: failed as its own fault (with each worker's evidence); before that it moves on.
+    fail_after_workers: Annotated[int, msgspec.Meta(ge=1, le=100)] = 2
+    #: A worker quarantines itself after this many host-class failures in a row.
+    quarantine_after: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 3
+    #: Render a tiny clip with every step kind and encoder at start; refuse to claim if one fails.
+    self_check: bool = True
+
+
 class Render(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     ffmpeg: str = "ffmpeg"
     ffprobe: str = "ffprobe"
@@ -172,6 +184,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     validation: Validation = msgspec.field(default_factory=Validation)
     daemon: Daemon = msgspec.field(default_factory=Daemon)
     recovery: Recovery = msgspec.field(default_factory=Recovery)
+    health: Health = msgspec.field(default_factory=Health)
     secrets: Secrets = msgspec.field(default_factory=Secrets)
     permissions: Permissions = msgspec.field(default_factory=Permissions)
     render: Render = msgspec.field(default_factory=Render)
@@ -262,6 +275,15 @@ auto_recover = false       # take over suspect workers' jobs automatically (else
 backoff = 10.0             # technical retries wait backoff * 2^(k-1) seconds...
 backoff_max = 600.0        # ...at most this long
 work_retention = 604800.0  # spool gc keeps finished attempts' work/ folders this many seconds
+
+[health]
+# A host-class failure (FFmpeg killed by a signal; an encoder, filter or font missing on
+# this host; a local I/O error; a crash with no output) puts this worker on the job's
+# blocklist (attempts/<job>/blocked-<worker>.json) and sends the job to another worker.
+fail_after_workers = 2     # failing like that on this many different workers fails the job as its own
+quarantine_after = 3       # this many host-class failures in a row: the worker stops claiming
+                           # until an operator runs spool worker release W
+self_check = true          # at start, render a tiny clip with every step kind and encoder first
 
 [secrets]
 # Values that must never reach logs, events, failure records or spool show.

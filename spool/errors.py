@@ -45,3 +45,41 @@ class NotFound(SpoolError):
 class LostOwnership(SpoolError):
     """This worker no longer owns the job (it was recovered elsewhere): the
     fencing check at a commit point failed, so nothing may be published."""
+
+
+class Failed(Exception):
+    """A located failure of one attempt: what its failure record will say.
+
+    Raised by a kind while producing or checking a candidate, and by the publish
+    path; :mod:`spool.execute` writes the record and moves the job (to
+    ``failed/``, back to ``pending/`` when ``retryable`` and attempts remain, or on
+    to another worker when ``fault`` is ``"host"``).
+    """
+
+    def __init__(
+        self,
+        stage: str,
+        prop: str,
+        message: str,
+        *,
+        expected: object = None,
+        actual: object = None,
+        log_excerpt: list[str] | None = None,
+        next_action: str,
+        retryable: bool = False,
+        fault: str = "job",
+    ) -> None:
+        super().__init__(message)
+        self.stage = stage
+        self.property = prop
+        self.message = message
+        self.expected = expected
+        self.actual = actual
+        self.log_excerpt = list(log_excerpt or [])
+        self.next_action = next_action
+        self.retryable = retryable
+        self.fault = fault
+
+
+class Interrupted(Exception):
+    """The daemon is stopping: the attempt ends as interrupted, the job returns to pending."""

@@ -16,7 +16,6 @@ Line format (documented in the README)::
 from __future__ import annotations
 
 import fcntl
-import heapq
 import logging
 import os
 import threading
@@ -101,11 +100,3 @@ def read_file(path: Path) -> Iterator[Event]:
                 yield decode(line, Event)
             except msgspec.DecodeError:
                 continue
-
-
-def read_all(tree: Tree, job: str | None = None) -> list[Event]:
-    """Every event of every writer, merged in time order."""
-    files = sorted(tree.events.glob("*.jsonl"))
-    streams = [read_file(p) for p in files]
-    merged = heapq.merge(*streams, key=lambda e: e.ts)
-    return [e for e in merged if job is None or e.job == job]

@@ -27,6 +27,10 @@ POINTS = (
 )
 
 
+#: Crash points off a render's path, each proved by a test of its own.
+OTHER_POINTS = ("after_quarantine_reason", "after_blocklist")
+
+
 def crashpoint(name: str) -> None:
     """Die here, now, if the environment asks for it."""
     if os.environ.get("SPOOL_CRASH_AT") == name:

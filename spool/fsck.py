@@ -30,10 +30,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import index, liveness, store
-from .model import Failure, Manifest, WorkerRecord, encode
+from . import index, liveness, quarantine, store
+from .model import Failure, Manifest, WorkerRecord
+from .publish import install_manifest
 from .status import Location, attempt_numbers, locate_all, read, running_workers
-from .tree import FLAT_STATES, Tree, fsync_dir, visible_names, write_atomic, writer_gone
+from .tree import FLAT_STATES, Tree, fsync_dir, visible_names, writer_gone
 
 
 @dataclass
@@ -96,6 +97,7 @@ def check(
             if p:
                 problems.append(p)
         problems += _attempt_records(tree, jid)
+    problems += _damaged(tree, repair)
     problems += _manifests(tree, verify_hashes)
     problems += _store(tree, repair, verify_hashes)
     problems += _leftovers(tree, repair, grace)
@@ -135,10 +137,30 @@ def _complete_has_manifest(tree: Tree, jid: str, repair: bool, verify_hashes: bo
         if staged is not None and store.verify(tree, staged) is None:
             prob.repair = f"install the verified result of attempt {n} as the manifest"
             if repair:
-                write_atomic(mpath, encode(staged), mode=0o444)
+                install_manifest(tree, staged)
                 prob.repaired = True
             return prob
     return prob
+
+
+def _damaged(tree: Tree, repair: bool) -> list[Problem]:
+    """Job files waiting in pending/ or held/ that can never run (unreadable, not a
+    regular file, named for another job, or edited after acceptance): quarantined."""
+    out = []
+    for state in ("pending", "held"):
+        folder = tree.root / state
+        for name in sorted(visible_names(folder)):
+            try:
+                quarantine.load(folder / name)
+            except quarantine.Damaged as damage:
+                prob = Problem(5, f"{state}/{name}", f"{damage.field}: {damage.reason}")
+                prob.repair = f"move it to quarantine/{name} with the reason beside it"
+                if repair:
+                    prob.repaired = quarantine.quarantine(tree, folder / name, state, damage, "fsck")
+                out.append(prob)
+            except OSError:
+                continue  # gone since the listing
+    return out
 
 
 def _has_failure(tree: Tree, jid: str) -> bool:

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .faults import crashpoint
-from .model import Manifest, Record, decode, encode, now, split_job_id
+from .model import JOB_ID_RE, Manifest, Record, decode, encode, now
 from .tree import Tree, fsync_dir, make_dirs, visible_names, write_atomic
 
 if TYPE_CHECKING:
@@ -54,6 +54,18 @@ INDEX = "index"
 LIBRARY = "library"
 #: Longest encoded value kept whole; longer ones end in ``~<hash>``.
 MAX_NAME = 200
+
+#: An asset name (the ``name`` of a job ID).
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,95}$")
+
+
+def split_job_id(jid: str) -> tuple[str, int]:
+    """``name@rev`` -> (name, rev); ``ValueError`` for anything else."""
+    m = JOB_ID_RE.match(jid)
+    if not m:
+        raise ValueError(f"{jid!r} is not a job ID of the form name@revision")
+    return m.group("name"), int(m.group("rev"))
+
 
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-.")
 _ESCAPE = re.compile(r"%([0-9A-F]{2})")
@@ -245,7 +257,7 @@ class Finding:
 
 
 def _manifests(tree: Tree) -> dict[str, Manifest]:
-    from .status import read
+    from .records import read
 
     out = {}
     for fname in visible_names(tree.manifests):
@@ -317,7 +329,7 @@ def check(tree: Tree, required_tags: list[str], *, repair: bool = True) -> list[
 
 
 def _justified(tree: Tree, required_tags: list[str], tag: str, val: str, jid: str) -> bool:
-    from .status import read
+    from .records import read
 
     m = read(tree.manifest_file(jid), Manifest)
     return m is not None and (tag, val) in {(t, encode_value(v)) for t, v in wanted(m, required_tags)}

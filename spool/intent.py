@@ -19,47 +19,56 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
-from datetime import datetime
+import unicodedata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from . import accept, claim, recipe, retry
+from . import accept, blocklist, recipe, retry
 from .attempt import open_attempt, write_failure
 from .config import Config
 from .decoding import convert
-from .errors import InvalidInput, NotFound, NotReady
+from .errors import Failed, InvalidInput, NotFound, NotReady
 from .events import Journal
-from .model import Failure, Job, Manifest, Record, decode, encode, now
-from .status import load_job, locate, read
-from .tree import HOST, Tree, make_dirs, rename_durable, write_atomic
+from .model import Approval, CancelRequest, Failure, Manifest, decode, encode, now
+from .status import job_ids, load_job, locate, read
+from .tree import HOST, Tree, make_dirs, transfer, write_atomic
 
-#: The worker name under which a command briefly holds a job it is cancelling.
+if TYPE_CHECKING:
+    from .kinds import Job
+
+#: The worker folder through which ``spool cancel`` briefly holds a pending or
+#: held job, so a claim racing it cannot also win. It is only the holder: the
+#: attempt's ``reason`` and the failure's ``worker`` name who cancelled.
 CANCELLER = f"{HOST}-cancel"
-_USER = re.compile(r"^[A-Za-z0-9._@+-]{1,64}$")
+#: A person's name as ``--by`` takes it: letters and marks of any script,
+#: digits, spaces and ``. _ @ + - '``. It becomes part of a file name, so no
+#: ``/``, no control characters and no leading dot.
+_PERSON_PUNCT = frozenset(" ._@+-'")
+#: The longest name in UTF-8 bytes: ``<sha256>.<by>.json`` must fit in 255.
+_PERSON_BYTES = 160
 
 
-class CancelRequest(Record, kw_only=True):
-    """``attempts/J/cancel.json``: stop this job; its worker acts on it."""
-
-    job_id: str
-    by: str
-    reason: str
-    at: datetime
-
-
-class Approval(Record, kw_only=True):
-    """``approvals/J/<sha256>.<by>.json``: someone approved this exact output."""
-
-    job_id: str
-    sha256: str
-    store_path: str
-    by: str
-    note: str = ""
-    at: datetime
+def person(by: str, field: str = "--by") -> str:
+    """``by`` as a name to record (NFC, so the same name typed anywhere is one
+    file), or :class:`InvalidInput` naming ``field``."""
+    name = unicodedata.normalize("NFC", by)
+    ok = (
+        0 < len(name) <= 64
+        and len(name.encode()) <= _PERSON_BYTES
+        and name[0] not in ". "
+        and name[-1] != " "
+        and all(c in _PERSON_PUNCT or unicodedata.category(c)[0] in "LMN" for c in name)
+    )
+    if not ok:
+        raise InvalidInput(
+            field,
+            f"{by!r} is not a name: up to 64 letters (any script), digits, spaces and . _ @ + - ', "
+            "not starting with a dot",
+        )
+    return name
 
 
 def _require(tree: Tree, job_id: str, *states: str) -> Any:
@@ -71,28 +80,35 @@ def _require(tree: Tree, job_id: str, *states: str) -> Any:
     return loc
 
 
+def _move(tree: Tree, job_id: str, src: str, dst: str, raced: str) -> None:
+    """One intent's move of a job file (:func:`spool.tree.transfer`); ``raced`` says
+    what happened if the job was no longer where the command found it."""
+    make_dirs(tree.root / dst)
+    if not transfer(tree.job_file(src, job_id), tree.job_file(dst, job_id)):
+        raise NotReady(f"{job_id} {raced}")
+
+
 def retry_job(tree: Tree, job_id: str, by: str, journal: Journal) -> None:
-    """failed -> pending: same job file and recipe, a new attempt at the next claim."""
+    """failed -> pending: same job file and recipe, a new attempt at the next claim.
+    The workers blocked from it (host-class failures) may take it again: the
+    operator says the hosts were fixed."""
     _require(tree, job_id, "failed")
     retry.mark_operator_retry(tree, job_id, by)
     clear_cancel(tree, job_id)
-    rename_durable(tree.job_file("failed", job_id), tree.job_file("pending", job_id))
+    blocklist.clear(tree, job_id)
+    _move(tree, job_id, "failed", "pending", "left failed/ a moment ago; look again (spool show)")
     journal.record(job_id, "pending", from_="failed", reason=f"retry by {by}")
 
 
 def hold(tree: Tree, job_id: str, by: str, journal: Journal) -> None:
     _require(tree, job_id, "pending")
-    make_dirs(tree.held)
-    try:
-        rename_durable(tree.job_file("pending", job_id), tree.job_file("held", job_id))
-    except FileNotFoundError:
-        raise NotReady(f"{job_id} was claimed a moment ago; cancel it instead") from None
+    _move(tree, job_id, "pending", "held", "was claimed a moment ago; cancel it instead")
     journal.record(job_id, "held", from_="pending", reason=f"held by {by}")
 
 
 def release(tree: Tree, job_id: str, by: str, journal: Journal) -> None:
     _require(tree, job_id, "held")
-    rename_durable(tree.job_file("held", job_id), tree.job_file("pending", job_id))
+    _move(tree, job_id, "held", "pending", "left held/ a moment ago; look again (spool show)")
     journal.record(job_id, "pending", from_="held", reason=f"released by {by}")
 
 
@@ -104,19 +120,41 @@ def revise(
     by: str,
     journal: Journal,
     sources: dict[str, str] | None = None,
+    *,
+    force: bool = False,
 ) -> Job:
     """A new revision with the new recipe; sources, tags, output name, stated
-    expectations and priority carry over (``sources`` adds or replaces roles).
-    It goes through acceptance like any submission."""
+    expectations and priority carry over (``sources`` adds or replaces roles,
+    and each must be used by the new recipe, as at submission).
+    It goes through acceptance like any submission.
+
+    Revisions form a line, not a tree: revising a job that already has a newer
+    revision is refused, naming the newest, unless ``force`` (then the new
+    revision still gets the next free number and supersedes ``job_id``)."""
     found = load_job(tree, job_id)
     if found is None:
         raise NotFound(f"no job {job_id} in {tree.root}")
     old, _ = found
+    parsed = convert(new_recipe, recipe.Recipe, prefix="recipe")
+    unused = sorted(set(sources or {}) - parsed.roles())
+    if unused:
+        raise InvalidInput(
+            "--source",
+            f"the new recipe does not use role {', '.join(map(repr, unused))} "
+            f"(it uses {', '.join(sorted(parsed.roles()))})",
+        )
+    newer = newer_revisions(tree, old.name, old.revision)
+    if newer and not force:
+        newest, state = newer[-1]
+        raise InvalidInput(
+            job_id,
+            f"already has a newer revision {old.name}@{newest} ({state}); revise that one, "
+            f"or pass --force to branch a new revision from {job_id}",
+        )
     srcs = {s.role: s.path for s in old.sources}
     srcs.update(sources or {})
-    parsed = convert(new_recipe, recipe.Recipe, prefix="recipe")
     srcs = {r: p for r, p in srcs.items() if r in parsed.roles()}  # drop what it no longer uses
-    rev = old.revision + 1
+    rev = max([old.revision, *(n for n, _ in newer)]) + 1
     while tree.job_attempts(f"{old.name}@{rev}").exists():
         rev += 1
     stem = Path(old.output.file).stem
@@ -138,6 +176,17 @@ def revise(
     return job
 
 
+def newer_revisions(tree: Tree, name: str, revision: int) -> list[tuple[int, str]]:
+    """(revision, state) of every job ``name@N`` with N > ``revision``, oldest first."""
+    found = []
+    for state in ("pending", "held", "running", "complete", "failed"):
+        for jid, _ in job_ids(tree, state):
+            n, _, r = jid.rpartition("@")
+            if n == name and r.isdigit() and int(r) > revision:
+                found.append((int(r), state))
+    return sorted(found)
+
+
 def approve(
     tree: Tree, job_id: str, by: str, note: str = "", sha256: str | None = None
 ) -> tuple[Approval, bool]:
@@ -152,8 +201,7 @@ def approve(
             f"{job_id}'s output is now sha256 {m.output.sha256}, not the {sha256} you reviewed; "
             "review it again",
         )
-    if not _USER.match(by):
-        raise InvalidInput("--by", "must be a user name (letters, digits, . _ @ + -)")
+    by = person(by)
     folder = tree.approvals / job_id
     make_dirs(folder)
     rec = Approval(
@@ -183,19 +231,19 @@ def cancel(
     """Cancel a pending, held or running job. Returns the state the job ended in:
     ``failed`` (cancelled), or ``complete`` if a render finished before its
     worker saw the request."""
+    by = person(by)  # it is recorded as who cancelled
     loc = _require(tree, job_id, "pending", "held", "running")
     why = reason or f"cancelled by {by}"
     if loc.state in ("pending", "held"):
         # Take it the way a worker would, so a claim racing us cannot also win.
         src, dst = tree.job_file(loc.state, job_id), tree.job_file("running", job_id, CANCELLER)
-        make_dirs(dst.parent)
-        try:
-            rename_durable(src, dst)
-        except FileNotFoundError:
-            raise NotReady(f"{job_id} was claimed a moment ago; run spool cancel again") from None
-        att = open_attempt(tree, job_id, CANCELLER, reason="cancel")
-        write_failure(att, cancelled_failure(job_id, att.n, CANCELLER, why, loc.state))
-        claim.move(tree, CANCELLER, job_id, "failed")
+        if not transfer(src, dst):
+            raise NotReady(f"{job_id} was claimed a moment ago; run spool cancel again")
+        # The attempt's worker stays the holder (recovery reads it as this claim's
+        # evidence if we die here); who cancelled is what the records say.
+        att = open_attempt(tree, job_id, CANCELLER, reason=f"cancel by {by}")
+        write_failure(att, cancelled_failure(job_id, att.n, f"{by} (spool cancel on {HOST})", why, loc.state))
+        transfer(dst, tree.job_file("failed", job_id))
         journal.record(
             job_id, "failed", from_=loc.state, attempt=att.n, reason=why, stage="cancel", property="cancelled"
         )
@@ -249,3 +297,14 @@ def cancelled_failure(job_id: str, attempt: int, worker: str, why: str, state: s
         worker=worker,
         failed_at=now(),
     )
+
+
+def raise_if_cancelled(tree: Tree, job_id: str, attempt: int, worker: str) -> None:
+    """An operator asked to cancel this job (``spool cancel``): end the attempt here,
+    as a located failure of stage ``cancel``."""
+    req = cancel_requested(tree, job_id)
+    if req is not None:
+        f = cancelled_failure(job_id, attempt, worker, req.reason, "running")
+        raise Failed(
+            "cancel", "cancelled", req.reason, expected=f.expected, actual=f.actual, next_action=f.next_action
+        )

@@ -39,8 +39,10 @@ import msgspec
 from . import enrich, index, store, thumbs
 from .config import Config
 from .errors import InvalidInput, NotFound, NotReady, SpoolError
-from .model import JOB_ID_RE, NAME_RE, Manifest, split_job_id
-from .status import locate, read, running_workers
+from .index import NAME_RE, split_job_id
+from .model import JOB_ID_RE, Manifest
+from .records import read
+from .status import locate, running_workers
 from .tree import Tree, fsync_dir, temp_name
 
 _TERM = re.compile(r"^(?P<field>[a-z][a-z0-9_.-]{0,63})(?P<op><=|>=|!=|<|>|=)(?P<value>.*)$", re.S)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from . import overview
 from .config import Config
-from .model import Event, WorkerRecord
+from .model import Event, PoolUse, WorkerRecord
 from .status import read
 from .tree import Tree, visible_names, write_atomic
 
@@ -111,7 +111,15 @@ class WorkerCounters:
                 if ev.validate_seconds is not None:
                     self.validate.observe(ev.validate_seconds)
 
-    def families(self, worker: str, stats: dict[str, int], slots: int, busy: int) -> list[Family]:
+    def families(
+        self,
+        worker: str,
+        stats: dict[str, int],
+        slots: int,
+        busy: int,
+        pools: dict[str, PoolUse] | None = None,
+        quarantined: bool = False,
+    ) -> list[Family]:
         trans = Family(
             "spool_transitions_total",
             "counter",
@@ -149,7 +157,17 @@ class WorkerCounters:
         conflicts.add(stats.get("claim_conflicts", 0), worker=worker)
         slot_fam.add(slots, worker=worker)
         busy_fam.add(busy, worker=worker)
-        return [trans, claims, conflicts, vfail, published, render, validate, slot_fam, busy_fam]
+        cap_fam = Family("spool_pool_capacity", "gauge", "Attempts each resource pool of this worker allows.")
+        use_fam = Family("spool_pool_active", "gauge", "Attempts holding each resource pool of this worker.")
+        for name, use in sorted((pools or {}).items()):
+            cap_fam.add(use.capacity, worker=worker, pool=name)
+            use_fam.add(use.active, worker=worker, pool=name)
+        quar = Family(
+            "spool_worker_quarantined", "gauge", "1 while this worker is in host quarantine (claims nothing)."
+        )
+        quar.add(1 if quarantined else 0, worker=worker)
+        fams = [trans, claims, conflicts, vfail, published, render, validate, slot_fam, busy_fam, quar]
+        return fams + ([cap_fam, use_fam] if pools else [])
 
 
 def queue_families(tree: Tree, worker: str, now: float) -> list[Family]:

@@ -14,12 +14,8 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
-from .recipe import Recipe
-
 T = TypeVar("T")
 
-#: ``name`` of a job: lower-case, starts alphanumeric, at most 96 characters.
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,95}$")
 #: ``<name>@<revision>``
 JOB_ID_RE = re.compile(r"^(?P<name>[a-z0-9][a-z0-9._-]{0,95})@(?P<rev>[1-9][0-9]{0,8})$")
 
@@ -35,13 +31,6 @@ def now() -> datetime:
 
 def job_id(name: str, revision: int) -> str:
     return f"{name}@{revision}"
-
-
-def split_job_id(jid: str) -> tuple[str, int]:
-    m = JOB_ID_RE.match(jid)
-    if not m:
-        raise ValueError(f"{jid!r} is not a job ID of the form name@revision")
-    return m.group("name"), int(m.group("rev"))
 
 
 class Record(msgspec.Struct, kw_only=True):
@@ -117,17 +106,22 @@ class Output(Record, kw_only=True):
     stated: Expect = msgspec.field(default_factory=Expect)
 
 
-class Job(Record, kw_only=True):
-    """The frozen job file: written once at acceptance, never changed."""
+class JobBase(Record, kw_only=True, tag_field="operation"):
+    """The frozen job file: written once at acceptance, never changed.
+
+    What every kind of job has. Each kind (:mod:`spool.kinds`) subclasses it
+    with its own spec and tag, so a job file is a tagged union on
+    ``"operation"`` (``render``, ``noop``, ...): :data:`spool.kinds.Job` is
+    that union, and ``spool.kinds.decode_job`` reads any of them.
+    """
 
     format: int = FORMAT
     job_id: str
     name: str
     revision: int
     supersedes: str | None = None
-    #: ``noop`` does no media work: an internal operation for benchmarks and tests.
-    operation: Literal["render", "noop"] = "render"
-    recipe: Recipe | None  # None only for noop
+    #: sha256 of the canonical JSON of the kind's spec (the recipe for a render):
+    #: checked again at claim, so an edited job file is never run.
     recipe_hash: str
     sources: list[Source]
     output: Output
@@ -137,6 +131,11 @@ class Job(Record, kw_only=True):
     submitted_by: str
     submission_sha256: str = ""  # of the submitted bytes: recognises a re-delivered drop
     estimate_bytes: int = 0  # temporary disk the render may need (reserved before claiming)
+
+    @property
+    def operation(self) -> str:
+        """The kind's name: the tag this job file carries."""
+        return str(self.__struct_config__.tag)
 
     def source(self, role: str) -> Source:
         for s in self.sources:
@@ -159,6 +158,55 @@ class AttemptRecord(Record, kw_only=True):
     boot_id: str
     claimed_at: datetime
     reason: str = "claim"
+
+
+class Interruption(Record, kw_only=True):
+    """``attempts/J/<n>/interrupted.json``: the attempt was stopped before it ended
+    (a graceful stop, or ownership lost at a fence)."""
+
+    job_id: str
+    attempt: int
+    reason: str
+    worker: str
+    at: datetime
+
+
+class Delay(Record, kw_only=True):
+    """``attempts/J/delay.json``: a retry waits; the job is not claimed before then."""
+
+    job_id: str
+    not_before: datetime
+    after_attempt: int
+    reason: str
+
+
+class RetryMark(Record, kw_only=True):
+    """``attempts/J/retry-<n>.json``: an operator sent the job back after attempt n."""
+
+    job_id: str
+    after_attempt: int
+    by: str
+    at: datetime
+
+
+class CancelRequest(Record, kw_only=True):
+    """``attempts/J/cancel.json``: stop this job; its worker acts on it."""
+
+    job_id: str
+    by: str
+    reason: str
+    at: datetime
+
+
+class Approval(Record, kw_only=True):
+    """``approvals/J/<sha256>.<by>.json``: someone approved this exact output."""
+
+    job_id: str
+    sha256: str
+    store_path: str
+    by: str
+    note: str = ""
+    at: datetime
 
 
 class Progress(Record, kw_only=True):
@@ -211,6 +259,11 @@ class Failure(Record, kw_only=True):
     worker: str
     failed_at: datetime
     retryable: bool = False
+    #: ``job``: the job's own fault (its recipe, sources, expectations); ``host``: what
+    #: the worker's host lacks or did (FFmpeg killed, an encoder or font missing, local
+    #: I/O): the job moves on to another worker (:mod:`spool.blocklist`).
+    fault: Literal["job", "host"] = "job"
+    host: str = ""
 
 
 class PublishedFile(Record, kw_only=True):
@@ -245,7 +298,55 @@ class Manifest(Record, kw_only=True):
     note: str = ""
 
 
+# -- recovery ------------------------------------------------------------------
+
+#: What recovery decided about a job whose worker stopped (:func:`spool.recover.decide`).
+Decision = Literal[
+    "published",
+    "staged",
+    "recorded-failure",
+    "recorded-interruption",
+    "accept-candidate",
+    "retry",
+    "exhausted",
+]
+
+
+class Evidence(Record, kw_only=True):
+    """What recovery saw, recorded with its decision."""
+
+    job_id: str
+    worker: str
+    attempt: int  # the attempt of the current claim; 0 if the claim made none
+    attempts_used: int
+    manifest: str  # "absent", "verified" or why it is not
+    result: str
+    failure: str  # "absent", "final" or "retryable"
+    interrupted: bool
+    candidate: str  # "absent", or the candidate's path relative to the spool
+
+
+class RecoveryRecord(Record, kw_only=True):
+    """``attempts/J/recovery-<n>.json``: one recovery decision with its evidence."""
+
+    job_id: str
+    decision: Decision
+    reason: str
+    evidence: Evidence
+    worker_state: str = ""  # why the recoverer was allowed to act
+    validation: ValidationReport | None = None
+    decided_by: str
+    decided_at: datetime
+
+
 # -- workers, events, rejections -----------------------------------------------
+
+
+class PoolUse(Record, kw_only=True):
+    """How much of one resource pool a daemon uses (kinds draw from pools)."""
+
+    capacity: int
+    active: int
 
 
 class WorkerRecord(Record, kw_only=True):
@@ -263,6 +364,10 @@ class WorkerRecord(Record, kw_only=True):
     active: list[str] = []
     temp_disk_reserved: int = 0
     temp_disk_limit: int = 0
+    #: Use of each resource pool this daemon draws from (``render``: FFmpeg slots).
+    pools: dict[str, PoolUse] = {}
+    #: Why this worker stopped claiming (host quarantine), if it did.
+    quarantined: str | None = None
     #: When the longest-waiting job this daemon's index holds was submitted (epoch
     #: seconds): status reads it instead of stat-ing 100,000 pending files.
     oldest_pending_submitted: float | None = None
@@ -285,6 +390,42 @@ class Event(Record, kw_only=True, omit_defaults=True):
     bytes: int | None = None  # complete: size of the published output
     render_seconds: float | None = None
     validate_seconds: float | None = None
+
+
+class BlockEntry(Record, kw_only=True):
+    """``attempts/J/blocked-<worker>.json``: this worker failed the job with a
+    host-class error and must not claim it again; its evidence."""
+
+    job_id: str
+    worker: str
+    host: str
+    attempt: int
+    property: str
+    message: str
+    log_excerpt: list[str] = []
+    at: datetime
+
+
+class WorkerQuarantine(Record, kw_only=True):
+    """``workers/<worker>.quarantined``: the worker stopped claiming; an operator
+    lifts it with ``spool worker release W`` after fixing the host."""
+
+    worker: str
+    host: str
+    reason: str
+    evidence: list[str] = []  # the failures (or the self-check step) that led here
+    since: datetime
+
+
+class QuarantineRecord(Record, kw_only=True):
+    """``quarantine/<file>.reason``: why a file in the queue can never be run."""
+
+    file: str  # its name in quarantine/ (as it was in the state folder)
+    found_in: str  # the folder it was taken from: pending, held, running/<worker>
+    field: str  # what is wrong: "job", "recipe_hash", "job_id", ...
+    reason: str
+    by: str  # the worker or command that moved it
+    at: datetime
 
 
 class Rejection(Record, kw_only=True):

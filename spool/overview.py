@@ -112,6 +112,8 @@ class QueueScan:
     oldest_age: dict[str, float | None]
     failed: list[tuple[float, str]]
     rejected: list[tuple[float, str]]
+    #: newest files in quarantine/ (ctime, job file name without .json)
+    quarantined: list[tuple[float, str]]
     running: list[tuple[str, str, float]]  # (job ID, worker, seconds in running/)
 
 
@@ -137,6 +139,7 @@ def scan_queue(tree: Tree, now: float, keep: int = 10) -> QueueScan:
     failed = _scan(tree.failed, stat=True, keep=keep)
     rejected = _scan(tree.rejected, stat=False, skip=".error.json")
     errors = _scan(tree.rejected, suffix=".error.json", stat=True, keep=keep)
+    quarantined = _scan(tree.quarantine, stat=True, keep=keep)
     running: list[tuple[str, str, float]] = []
     oldest_running: float | None = None
     for w in running_workers(tree):
@@ -160,6 +163,7 @@ def scan_queue(tree: Tree, now: float, keep: int = 10) -> QueueScan:
         "complete": complete.count,
         "failed": failed.count,
         "rejected": rejected.count,
+        "quarantine": quarantined.count,
     }
 
     def age(t: float | None) -> float | None:
@@ -174,6 +178,7 @@ def scan_queue(tree: Tree, now: float, keep: int = 10) -> QueueScan:
         },
         failed=failed.newest,
         rejected=errors.newest,
+        quarantined=quarantined.newest,
         running=sorted(running, key=lambda r: -r[2]),
     )
 
@@ -300,6 +305,8 @@ def worker_rows(tree: Tree, cfg: Config, now: float, running: list[dict[str, Any
                 "reason": h.reason,
                 "active": len(rec.active),
                 "max_active": rec.max_active,
+                "pools": {p: {"active": u.active, "capacity": u.capacity} for p, u in rec.pools.items()},
+                "quarantined": rec.quarantined,
                 "jobs": jobs.get(rec.worker, 0),
                 "disk_used": disk.get(rec.worker, 0),
                 "disk_limit": rec.temp_disk_limit,
@@ -385,6 +392,41 @@ def attention(
     return items
 
 
+def quarantine_attention(tree: Tree, scan: QueueScan) -> list[dict[str, Any]]:
+    """Workers in host quarantine, and job files taken out of the queue because they can never run."""
+    from . import health
+    from .quarantine import reason_of
+
+    items = []
+    for name in sorted(visible_names(tree.workers, suffix=".quarantined")):
+        worker = name[: -len(".quarantined")]
+        q = health.quarantined(tree, worker)
+        if q is not None:
+            seen = "; ".join(q.evidence[-3:]) or "none"
+            items.append(
+                {
+                    "kind": "worker",
+                    "subject": worker,
+                    "problem": f"quarantined (claims nothing): {q.reason}",
+                    "next_action": f"Fix host {q.host or '?'} (evidence: {seen}), "
+                    f"then run: spool worker release {worker}",
+                }
+            )
+    for _ct, name in scan.quarantined:
+        rec = reason_of(tree, f"{name}.json")
+        problem = f"{rec.field}: {rec.reason} (found in {rec.found_in}/)" if rec else "no reason recorded"
+        items.append(
+            {
+                "kind": "quarantine",
+                "subject": f"{name}.json",
+                "problem": problem,
+                "next_action": f"Read quarantine/{name}.json and its .reason; submit the job again "
+                "(a new revision) if it is still wanted, then remove both files.",
+            }
+        )
+    return items
+
+
 def recent_outputs(tree: Tree, limit: int) -> list[dict[str, Any]]:
     """The newest published outputs (by manifest time), with hash and thumbnail."""
     if limit <= 0:
@@ -427,7 +469,7 @@ def overview(tree: Tree, cfg: Config, *, limit: int = 10, recent: int = 0) -> di
         "oldest_pending_age": scan.oldest_age["pending"],
         "oldest_age": scan.oldest_age,
         "running": running,
-        "attention": attention(scan.counts, workers, failed, rejected),
+        "attention": attention(scan.counts, workers, failed, rejected) + quarantine_attention(tree, scan),
         "failed": failed,
         "rejected": rejected,
         "workers": workers,

@@ -43,60 +43,39 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from . import claim, index, liveness, retry, store
+from . import index, kinds, liveness, quarantine, retry, store
 from .attempt import open_attempt, write_failure
+from .context import Context
 from .errors import LostOwnership
-from .execute import Context, check_candidate, publish
-from .model import AttemptRecord, Failure, Job, Manifest, Record, WorkerRecord, decode, encode, now
-from .status import attempt_numbers, read, running_workers
-from .tree import Tree, fsync_dir, make_dirs, visible_names, write_atomic
+from .model import (
+    AttemptRecord,
+    Decision,
+    Evidence,
+    Failure,
+    JobBase,
+    Manifest,
+    RecoveryRecord,
+    ValidationReport,
+    WorkerRecord,
+    encode,
+    now,
+)
+from .publish import install_manifest, publish
+from .records import read
+from .status import running_workers
+from .tree import Tree, fsync_dir, make_dirs, transfer, visible_names, write_atomic
 
 log = logging.getLogger("spool.recover")
 
-Decision = Literal[
-    "published",
-    "staged",
-    "recorded-failure",
-    "recorded-interruption",
-    "accept-candidate",
-    "retry",
-    "exhausted",
-]
-
-
-class Evidence(Record, kw_only=True):
-    """What recovery saw, recorded with its decision."""
-
-    job_id: str
-    worker: str
-    attempt: int  # the attempt of the current claim; 0 if the claim made none
-    attempts_used: int
-    manifest: str  # "absent", "verified" or why it is not
-    result: str
-    failure: str  # "absent", "final" or "retryable"
-    interrupted: bool
-    candidate: str  # "absent", or the candidate's path relative to the spool
-
-
-class RecoveryRecord(Record, kw_only=True):
-    """``attempts/J/recovery-<n>.json``."""
-
-    job_id: str
-    decision: str
-    reason: str
-    evidence: Evidence
-    worker_state: str = ""  # why the recoverer was allowed to act
-    validation: Any = None
-    decided_by: str
-    decided_at: Any
+__all__ = ["Decision", "Evidence", "Outcome", "RecoveryRecord", "adopt", "decide", "plan", "recover"]
 
 
 @dataclass(frozen=True)
 class Outcome:
     job_id: str
-    decision: Decision
+    decision: Decision | Literal["quarantine"]
     reason: str
     to_state: str
 
@@ -107,7 +86,7 @@ def current_attempt(tree: Tree, job_id: str, worker: str) -> int:
     Attempts are made only by the owner after its claim, so the latest
     attempt is this claim's if that worker made it and no retry closed it.
     """
-    nums = attempt_numbers(tree, job_id)
+    nums = tree.attempt_numbers(job_id)
     if not nums:
         return 0
     n = nums[-1]
@@ -119,7 +98,7 @@ def current_attempt(tree: Tree, job_id: str, worker: str) -> int:
     return n
 
 
-def inspect(tree: Tree, job: Job, worker: str) -> Evidence:
+def inspect(tree: Tree, job: JobBase, worker: str) -> Evidence:
     """Gather the evidence for a job in ``running/<worker>/`` (reads only)."""
     jid = job.job_id
     n = current_attempt(tree, jid, worker)
@@ -138,14 +117,14 @@ def inspect(tree: Tree, job: Job, worker: str) -> Evidence:
             result = store.verify(tree, staged) or "verified"
     cand = "absent"
     if d is not None:
-        p = d / "work" / job.output.file
+        p = kinds.of(job).candidate(job, d)
         if p.is_file() and p.stat().st_size > 0:
             cand = tree.relative(p)
     return Evidence(
         job_id=jid,
         worker=worker,
         attempt=n,
-        attempts_used=retry.renders_started(tree, jid),
+        attempts_used=retry.claims_made(tree, jid),
         manifest=mstate,
         result=result,
         failure=_failure_kind(d),
@@ -210,13 +189,8 @@ def takeover(ctx: Context, owner: str, job_id: str, why: str) -> bool:
     src = ctx.tree.job_file("running", job_id, owner)
     dst = ctx.tree.job_file("running", job_id, ctx.worker)
     make_dirs(dst.parent)
-    try:
-        os.rename(src, dst)
-    except OSError:
-        if not (dst.exists() and not src.exists()):  # not a lost reply either: lost the race
-            return False
-    fsync_dir(dst.parent)
-    fsync_dir(src.parent)
+    if not transfer(src, dst):
+        return False
     ctx.journal.record(job_id, "running", from_="running", reason=f"taken over from {owner}: {why}")
     return True
 
@@ -231,8 +205,18 @@ def recover(
     """
     tree = ctx.tree
     owner = owner or ctx.worker
+    path = tree.job_file("running", job_id, owner)
     try:
-        job = decode(tree.job_file("running", job_id, owner).read_bytes(), Job)
+        job = quarantine.load(path)
+    except quarantine.Damaged as damage:
+        if dry_run:
+            return Outcome(job_id, "quarantine", f"{damage.field}: {damage.reason}", "quarantine")
+        if quarantine.quarantine(tree, path, f"running/{owner}", damage, ctx.worker):
+            ctx.journal.record(
+                job_id, "quarantine", from_="running", reason=f"{damage.field}: {damage.reason}"
+            )
+            return Outcome(job_id, "quarantine", f"{damage.field}: {damage.reason}", "quarantine")
+        return None
     except OSError:
         return None
     ev = inspect(tree, job, owner)
@@ -253,7 +237,7 @@ def recover(
     report = None
     valid: bool | None = None
     if needs_validation:
-        report = check_candidate(
+        report = kinds.of(job).check(
             ctx.cfg,
             job,
             tree.root / ev.candidate,
@@ -288,7 +272,14 @@ def _target(decision: Decision) -> str:
 
 
 def _log_decision(
-    tree: Tree, job_id: str, ev: Evidence, decision: str, reason: str, report: Any, by: str, why: str
+    tree: Tree,
+    job_id: str,
+    ev: Evidence,
+    decision: Decision,
+    reason: str,
+    report: ValidationReport | None,
+    by: str,
+    why: str,
 ) -> None:
     folder = tree.job_attempts(job_id)
     name, k = f"recovery-{ev.attempt}.json", 1
@@ -308,7 +299,9 @@ def _log_decision(
     write_atomic(folder / name, encode(rec))
 
 
-def _apply(ctx: Context, job: Job, ev: Evidence, decision: Decision, reason: str, report: Any) -> str:
+def _apply(
+    ctx: Context, job: JobBase, ev: Evidence, decision: Decision, reason: str, report: ValidationReport | None
+) -> str:
     tree, jid = ctx.tree, job.job_id
     if decision == "published":
         published = read(tree.manifest_file(jid), Manifest)
@@ -319,10 +312,10 @@ def _apply(ctx: Context, job: Job, ev: Evidence, decision: Decision, reason: str
     if decision == "staged":
         staged = read(tree.attempt_dir(jid, ev.attempt) / "result.json", Manifest)
         assert staged is not None
-        # No verified manifest exists (else the decision were "published"): an
-        # absent one is installed, a damaged one is replaced by the verified result.
-        write_atomic(tree.manifest_file(jid), encode(staged), mode=0o444)
-        index.index_job(tree, staged, ctx.cfg.acceptance.required_tags)
+        # No verified manifest for this recipe exists (else the decision were
+        # "published"): the one publish rule installs the verified staged result.
+        installed = install_manifest(tree, staged)
+        index.index_job(tree, installed, ctx.cfg.acceptance.required_tags)
         _move(ctx, jid, "complete")
         return "complete"
     if decision == "recorded-failure":
@@ -336,8 +329,9 @@ def _apply(ctx: Context, job: Job, ev: Evidence, decision: Decision, reason: str
     if decision == "accept-candidate":
         att = open_attempt(tree, jid, ctx.worker, reason=f"recovery of attempt {ev.attempt}")
         old = tree.root / ev.candidate
-        new = att.work / job.output.file
+        new = kinds.of(job).candidate(job, att.dir)
         _link_or_copy(old, new)
+        assert report is not None  # accept-candidate is decided on a report
         publish(
             ctx,
             job,
@@ -372,7 +366,7 @@ def _apply(ctx: Context, job: Job, ev: Evidence, decision: Decision, reason: str
 
 
 def _move(ctx: Context, jid: str, to: str) -> None:
-    if not claim.move(ctx.tree, ctx.worker, jid, to):
+    if not transfer(ctx.tree.job_file("running", jid, ctx.worker), ctx.tree.job_file(to, jid)):
         raise LostOwnership(f"{jid} left running/{ctx.worker}/ during recovery")
 
 

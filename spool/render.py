@@ -132,7 +132,7 @@ def run(
     started = time.monotonic()
     deadline = started + limits.job_timeout
     stopped: str | None = None
-    with open(attempt.log, "ab") as log:
+    with open(attempt.tool_log, "ab") as log:
         log.write(redact_bytes(f"$ {shlex.join(cmd.argv)}\n".encode()))
         log.flush()
         proc = subprocess.Popen(
@@ -208,7 +208,7 @@ def run(
         returncode=proc.returncode,
         seconds=round(time.monotonic() - started, 3),
         stopped=stopped,
-        log_tail=tail(attempt.log),
+        log_tail=tail(attempt.tool_log),
     )
 
 

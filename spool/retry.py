@@ -19,33 +19,16 @@ import time
 from datetime import UTC, datetime
 
 from .config import Recovery
-from .model import AttemptRecord, Record, decode, encode, now
-from .status import attempt_numbers, read
+from .model import AttemptRecord, Delay, RetryMark, decode, encode, now
+from .records import read
 from .tree import Tree, write_atomic
 
 
-class Delay(Record, kw_only=True):
-    """``attempts/J/delay.json``."""
-
-    job_id: str
-    not_before: datetime
-    after_attempt: int
-    reason: str
-
-
-class RetryMark(Record, kw_only=True):
-    """``attempts/J/retry-<n>.json``: an operator sent the job back after attempt n."""
-
-    job_id: str
-    after_attempt: int
-    by: str
-    at: datetime
-
-
-def renders_started(tree: Tree, job_id: str) -> int:
-    """Attempts that were claims (not recovery bookkeeping): what max_attempts counts."""
+def claims_made(tree: Tree, job_id: str) -> int:
+    """Attempts that were claims (not recovery or cancel bookkeeping): what
+    ``max_attempts`` counts."""
     used = 0
-    for n in attempt_numbers(tree, job_id):
+    for n in tree.attempt_numbers(job_id):
         rec = read(tree.attempt_dir(job_id, n) / "attempt.json", AttemptRecord)
         if rec is not None and rec.reason == "claim":
             used += 1
@@ -60,12 +43,12 @@ def backoff(policy: Recovery, attempts_used: int) -> float:
 
 
 def may_retry(tree: Tree, job_id: str, max_attempts: int) -> bool:
-    return renders_started(tree, job_id) < max_attempts
+    return claims_made(tree, job_id) < max_attempts
 
 
 def schedule(tree: Tree, job_id: str, policy: Recovery, after_attempt: int, reason: str) -> float:
     """Record when the job may run again; returns the wait in seconds."""
-    wait = backoff(policy, renders_started(tree, job_id))
+    wait = backoff(policy, claims_made(tree, job_id))
     if wait > 0:
         when = datetime.fromtimestamp(time.time() + wait, UTC)
         rec = Delay(job_id=job_id, not_before=when, after_attempt=after_attempt, reason=reason)
@@ -94,7 +77,7 @@ def clear(tree: Tree, job_id: str) -> None:
 
 def mark_operator_retry(tree: Tree, job_id: str, by: str) -> None:
     """Close the latest attempt for recovery's purposes: the next claim is new."""
-    nums = attempt_numbers(tree, job_id)
+    nums = tree.attempt_numbers(job_id)
     n = nums[-1] if nums else 0
     path = tree.job_attempts(job_id) / f"retry-{n}.json"
     if not path.exists():

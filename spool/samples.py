@@ -26,6 +26,7 @@ def clip(
     rate: int = 25,
     audio: bool = True,
     codec: str = "libx264",
+    ffmpeg: str = "ffmpeg",
 ) -> Path:
     """A moving test picture (the "product shot") with a 440 Hz tone."""
     args = ["-f", "lavfi", "-i", f"testsrc2=size={size}:rate={rate}:duration={seconds}"]
@@ -36,11 +37,11 @@ def clip(
         args += ["-preset", "veryfast"]
     if audio:
         args += ["-c:a", "aac", "-b:a", "96k", "-shortest"]
-    _ffmpeg([*args, str(path)])
+    _ffmpeg([*args, str(path)], ffmpeg)
     return path
 
 
-def logo(path: Path, *, size: str = "240x120") -> Path:
+def logo(path: Path, *, size: str = "240x120", ffmpeg: str = "ffmpeg") -> Path:
     """A gold diamond badge with a navy bar, on a transparent background (PNG)."""
     _ffmpeg(
         [
@@ -53,12 +54,13 @@ def logo(path: Path, *, size: str = "240x120") -> Path:
             "-frames:v",
             "1",
             str(path),
-        ]
+        ],
+        ffmpeg,
     )
     return path
 
 
-def music(path: Path, *, seconds: float = 8.0) -> Path:
+def music(path: Path, *, seconds: float = 8.0, ffmpeg: str = "ffmpeg") -> Path:
     """A soft two-note chord with a slow pulse: a stand-in music bed."""
     expr = "0.2*sin(2*PI*220*t)*(0.6+0.4*sin(2*PI*0.5*t))+0.15*sin(2*PI*330*t)"
     _ffmpeg(
@@ -72,7 +74,8 @@ def music(path: Path, *, seconds: float = 8.0) -> Path:
             "-b:a",
             "128k",
             str(path),
-        ]
+        ],
+        ffmpeg,
     )
     return path
 

@@ -7,15 +7,16 @@ stay fast on a spool of 100,000 jobs; only what is shown gets parsed.
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import msgspec
+from .model import AttemptRecord, Failure, Manifest, Progress, WorkerRecord
+from .records import read
+from .tree import FLAT_STATES, Tree, visible_names
 
-from .model import AttemptRecord, Failure, Job, Manifest, Progress, Rejection, WorkerRecord, decode
-from .tree import FLAT_STATES, READ_RETRY_PAUSES, Tree, read_retrying, visible_names
+if TYPE_CHECKING:
+    from .kinds import Job
 
 
 @dataclass(frozen=True)
@@ -76,37 +77,14 @@ def counts(tree: Tree) -> dict[str, int]:
     out["running"] = sum(count(tree.running_dir(w)) for w in running_workers(tree))
     out["rejected"] = count(tree.rejected, skip_suffix=".error.json")
     out["incoming"] = count(tree.incoming)
-    keys = ("incoming", "pending", "held", "running", "complete", "failed", "rejected")
+    out["quarantine"] = count(tree.quarantine)
+    keys = ("incoming", "pending", "held", "running", "complete", "failed", "rejected", "quarantine")
     return {k: out[k] for k in keys}
 
 
-def read(path: Path, typ: type[Any], *, replaced: bool = False) -> Any:
-    """A record, or ``None`` if the file is missing or unreadable (never raises).
-
-    Records may be written by another host, and some are replaced while we read
-    (heartbeats, progress). Transient NAS errnos are retried (``read_retrying``),
-    and so is a read that decodes as truncated JSON: a FUSE client that cached
-    the old file's size can hand out a short read of the new one for a moment
-    (measured on sshfs: the next read is whole). ``replaced=True`` marks a file
-    that is rewritten in place, where a missing file is retried too: sshfs
-    answers ENOENT to a reader on the writer's own mount while it replaces it.
-    """
-    for pause in (*READ_RETRY_PAUSES, None):
-        try:
-            return decode(read_retrying(path), typ)
-        except FileNotFoundError:
-            if pause is None or not replaced:
-                return None
-        except OSError:
-            return None
-        except msgspec.DecodeError as exc:
-            if pause is None or "truncated" not in str(exc):
-                return None
-        time.sleep(pause)
-    return None
-
-
 def load_job(tree: Tree, job_id: str) -> tuple[Job, Location] | None:
+    from .kinds import Job  # the kinds bring the render machinery: only when a job is read
+
     loc = locate(tree, job_id)
     if loc is None:
         return None
@@ -115,11 +93,7 @@ def load_job(tree: Tree, job_id: str) -> tuple[Job, Location] | None:
 
 
 def attempt_numbers(tree: Tree, job_id: str) -> list[int]:
-    try:
-        with os.scandir(tree.job_attempts(job_id)) as it:
-            return sorted(int(e.name) for e in it if e.name.isdigit())
-    except FileNotFoundError:
-        return []
+    return tree.attempt_numbers(job_id)
 
 
 def attempt_summary(tree: Tree, job_id: str, n: int) -> dict[str, Any]:
@@ -185,88 +159,3 @@ def progress_of(tree: Tree, job_id: str) -> Progress | None:
         return None
     p: Progress | None = read(tree.attempt_dir(job_id, nums[-1]) / "progress.json", Progress)
     return p
-
-
-def report(tree: Tree, attention_limit: int = 10) -> dict[str, Any]:
-    """The facts ``spool status`` (and the status page) show: directory scans,
-    parsing only what is shown."""
-    state_counts = counts(tree)
-    running = [
-        {"job_id": jid, "worker": w, "progress": progress_of(tree, jid)}
-        for jid, w in job_ids(tree, "running")
-    ]
-    failed = []
-    for jid in _newest(tree.failed, attention_limit):
-        info = show(tree, jid)
-        f = info["failure"] if info else None
-        failed.append(
-            {
-                "job_id": jid,
-                "stage": f.stage if f else "unknown",
-                "property": f.property if f else "unknown",
-                "message": f.message if f else "no failure record found",
-                "next_action": f.next_action if f else "Run spool fsck.",
-            }
-        )
-    rejected = []
-    for name in _newest(tree.rejected, attention_limit, suffix=".error.json"):
-        rec = read(tree.rejected / f"{name}.error.json", Rejection)
-        if rec is not None:
-            rejected.append({"name": name, "file": rec.file, "reason": rec.reason, "at": rec.rejected_at})
-    worker_rows = [
-        {
-            "worker": w.worker,
-            "host": w.host,
-            "state": w.state,
-            "active": len(w.active),
-            "max_active": w.max_active,
-            "heartbeat_age": round(time.time() - w.heartbeat_at.timestamp(), 1),
-        }
-        for w in workers(tree)
-    ]
-    return {
-        "spool": str(tree.root),
-        "counts": state_counts,
-        "oldest_pending_age": _oldest_age(tree.pending),
-        "running": running,
-        "failed": failed,
-        "rejected": rejected,
-        "workers": worker_rows,
-    }
-
-
-def _newest(folder: Path, limit: int, suffix: str = ".json") -> list[str]:
-    """Names (without suffix) of the newest files in a folder, newest first."""
-    entries = []
-    try:
-        with os.scandir(folder) as it:
-            for e in it:
-                if (
-                    e.name.endswith(suffix)
-                    and not e.name.startswith(".")
-                    and (suffix != ".json" or not e.name.endswith(".error.json"))
-                ):
-                    try:
-                        entries.append((e.stat().st_mtime, e.name[: -len(suffix)]))
-                    except FileNotFoundError:
-                        continue
-    except FileNotFoundError:
-        return []
-    entries.sort(reverse=True)
-    return [n for _, n in entries[:limit]]
-
-
-def _oldest_age(folder: Path) -> float | None:
-    oldest = None
-    try:
-        with os.scandir(folder) as it:
-            for e in it:
-                if e.name.endswith(".json") and not e.name.startswith("."):
-                    try:
-                        m = e.stat().st_mtime
-                    except FileNotFoundError:
-                        continue
-                    oldest = m if oldest is None else min(oldest, m)
-    except FileNotFoundError:
-        return None
-    return None if oldest is None else round(max(0.0, time.time() - oldest), 1)

@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .model import Manifest, PublishedFile, encode
-from .tree import Tree, fsync_dir, make_dirs, temp_name, write_atomic
+from .model import Manifest, PublishedFile
+from .tree import Tree, fsync_dir, make_dirs, temp_name
 
 #: errnos that mean "this filesystem cannot hard-link here": fall back to copying.
 NO_LINKS = frozenset({errno.EXDEV, errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EIO, errno.EMLINK})
@@ -49,8 +49,10 @@ class Stored:
     method: str  # "link", "copy" or "existing"
 
 
-def publish(tree: Tree, candidate: Path, ext: str, *, prefer_link: bool = True) -> Stored:
-    """Put a validated file into the store; idempotent for equal content."""
+def put(tree: Tree, candidate: Path, ext: str, *, prefer_link: bool = True) -> Stored:
+    """Put a validated file into the store; idempotent for equal content.
+
+    The store half of publishing (:mod:`spool.publish` is the whole path)."""
     digest, size = sha256_file(candidate)
     final = tree.store_file(digest, ext)
     make_dirs(final.parent)
@@ -124,13 +126,6 @@ def published_file(tree: Tree, stored: Stored, file: str, container: str) -> Pub
         store_path=tree.relative(stored.path),
         method=method,  # type: ignore[arg-type]
     )
-
-
-def write_manifest(tree: Tree, manifest: Manifest) -> Path:
-    """``manifests/J.json``, read-only, written atomically."""
-    path = tree.manifest_file(manifest.job_id)
-    write_atomic(path, encode(manifest), mode=0o444)
-    return path
 
 
 def verify(tree: Tree, manifest: Manifest) -> str | None:

@@ -24,6 +24,7 @@ import os
 import re
 import secrets
 import socket
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ FOLDERS = (
     "workers",
     "events",
     "approvals",
+    "quarantine",
 )
 
 #: Errors that mean "this name is not (or no longer) there" on some filesystem.
@@ -83,6 +85,28 @@ def read_retrying(path: Path) -> bytes:
                 raise
             time.sleep(pause)
     raise AssertionError("unreachable")
+
+
+class NotRegular(OSError):
+    """A name in the queue that is not a regular file (a FIFO, a device, a folder, a link)."""
+
+
+def read_regular(path: Path) -> bytes:
+    """The bytes of a regular file, without following a symbolic link and without
+    ever blocking on a FIFO or device: whatever somebody drops into a queue
+    folder, reading it cannot hang a daemon. Raises :class:`NotRegular` for
+    anything else."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegular(errno.EINVAL, "not a regular file", str(path))
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def host_name() -> str:
@@ -222,6 +246,52 @@ def rename_durable(src: Path, dst: Path) -> None:
         fsync_dir(src.parent)
 
 
+def transfer(src: Path, dst: Path) -> bool:
+    """Move a job file from one state folder to another: the one way spool does it.
+
+    Claim, return to pending, takeover, hold, release, cancel, complete and fail
+    all come here, so the NAS argument lives in one place:
+
+    * ``os.rename`` is the whole transition; of several racing renames of one
+      source exactly one wins on every filesystem spool trusts.
+    * A missing destination folder (a worker's first claim) is created and the
+      rename tried once more.
+    * An error whose errno is in :data:`VANISHED` means "the source is not
+      there": either somebody else moved it (we lost), or the reply to our own
+      rename was lost and the client retransmitted it (nas.md section 4). We
+      tell them apart by looking: if the file is at ``dst`` and no longer at
+      ``src``, the rename landed and it is ours.
+    * Any other error (EACCES, EROFS, ENOSPC...) is raised: it is located, not
+      a lost race, and a caller that swallowed it would spin on it silently.
+
+    Returns ``True`` when the file is now at ``dst`` (durable: the destination
+    folder, then the source folder, are fsynced), ``False`` when it was not
+    ours to move.
+    """
+    try:
+        os.rename(src, dst)
+    except FileNotFoundError:
+        if not dst.parent.is_dir() and src.exists():
+            make_dirs(dst.parent)
+            return transfer(src, dst)
+        if not _landed(src, dst):
+            return False
+    except OSError as exc:
+        if exc.errno not in VANISHED:
+            raise
+        if not _landed(src, dst):
+            return False
+    fsync_dir(dst.parent)
+    if src.parent != dst.parent:
+        fsync_dir(src.parent)
+    return True
+
+
+def _landed(src: Path, dst: Path) -> bool:
+    """After a failed rename: did it happen anyway (a lost reply on a NAS)?"""
+    return dst.exists() and not src.exists()
+
+
 def make_dirs(path: Path) -> None:
     """Create ``path`` and its missing parents, fsyncing each parent that changed."""
     missing: list[Path] = []
@@ -256,8 +326,8 @@ def visible_names(folder: Path, suffix: str = ".json") -> Iterator[str]:
 
 @dataclass(frozen=True)
 class Tree:
-    """Paths of one spool. Pure path arithmetic: nothing here touches the disk
-    except :meth:`create`."""
+    """Paths of one spool. Path arithmetic: nothing here touches the disk except
+    :meth:`create`, :meth:`share_with_group` and the :meth:`attempt_numbers` listing."""
 
     root: Path
 
@@ -303,6 +373,10 @@ class Tree:
         return self.root / "held"
 
     @property
+    def quarantine(self) -> Path:
+        return self.root / "quarantine"
+
+    @property
     def approvals(self) -> Path:
         return self.root / "approvals"
 
@@ -339,6 +413,14 @@ class Tree:
 
     def attempt_dir(self, job_id: str, n: int) -> Path:
         return self.attempts / job_id / str(n)
+
+    def attempt_numbers(self, job_id: str) -> list[int]:
+        """The job's attempt numbers, ascending (a listing of ``attempts/J/``)."""
+        try:
+            with os.scandir(self.job_attempts(job_id)) as it:
+                return sorted(int(e.name) for e in it if e.name.isdigit())
+        except FileNotFoundError:
+            return []
 
     def manifest_file(self, job_id: str) -> Path:
         return self.manifests / f"{job_id}.json"

@@ -15,7 +15,7 @@ from typing import IO
 
 from . import liveness
 from .errors import SpoolError
-from .model import WorkerRecord, encode, now
+from .model import PoolUse, WorkerRecord, encode, now
 from .status import read
 from .tree import HOST, Tree, boot_id, write_atomic
 
@@ -103,6 +103,8 @@ class Heartbeat:
         state: str | None = None,
         temp_disk_reserved: int | None = None,
         oldest_pending_submitted: float | None = None,
+        pools: dict[str, PoolUse] | None = None,
+        quarantined: str | None = None,
     ) -> WorkerRecord:
         r = self.rec
         r.beats += 1
@@ -114,6 +116,9 @@ class Heartbeat:
         if temp_disk_reserved is not None:
             r.temp_disk_reserved = temp_disk_reserved
         r.oldest_pending_submitted = oldest_pending_submitted
+        if pools is not None:
+            r.pools = pools
+        r.quarantined = quarantined
         write_atomic(self.tree.worker_file(r.worker), encode(r))
         return r
 

@@ -3,7 +3,8 @@
 One loop iteration:
 
 1. accept what finished arriving in ``incoming/`` (never dies on bad input);
-2. claim pending jobs, best first, into free render slots (``max_active``);
+2. claim pending jobs, best first, while the pool each draws from has room
+   (render slots: ``max_active``; see spool.pools);
 3. refresh the heartbeat when it is due;
 4. sleep until inotify, a finished render, a signal or the poll timer wakes it.
 
@@ -22,11 +23,12 @@ import threading
 import time
 from types import FrameType
 
-from spool import accept, claim, doctor, fsck, recover
+from spool import accept, blocklist, claim, doctor, fsck, health, quarantine, recover, selfcheck
 from spool.config import Config
 from spool.events import Journal
 from spool.execute import Context, execute
 from spool.faults import crashpoint
+from spool.pools import Pools, capacities
 from spool.status import count
 from spool.tree import Tree, make_dirs, visible_names
 from spool.workers import Heartbeat, Identity
@@ -53,8 +55,15 @@ class Daemon:
         self.stop_deadline = 0.0
         self.journal = Journal(tree, worker)
         self.ctx = Context(tree, cfg, worker, self.journal, self.interrupt)
-        self.index = claim.PendingIndex(tree)
+        self.index = claim.PendingIndex(tree, worker)
+        #: One thread per running attempt, whatever pool it draws from.
         self.slots: dict[str, threading.Thread] = {}
+        #: What each running attempt holds: a render slot, or a kind's own allowance.
+        self.pools = Pools(capacities(cfg))
+        #: Why this worker stopped claiming (host quarantine: spool.health), if it did.
+        self.quarantined: str | None = None
+        self._streak = health.Streak(cfg.health.quarantine_after)
+        self._next_quarantine_look = 0.0
         #: Temporary disk reserved per running job (its estimate), within limits.temp_disk.
         self.reserved: dict[str, int] = {}
         #: Own running jobs whose attempt thread died: job ID -> (next try, backoff seconds).
@@ -100,6 +109,7 @@ class Daemon:
             log.info("removed %s: %s", p.path, p.problem)
         for outcome in recover.adopt(self.ctx):
             log.info("adopted %s: %s -> %s", outcome.job_id, outcome.decision, outcome.to_state)
+        self._check_health()
         call(self.hooks, "started", self)
         try:
             while True:
@@ -121,6 +131,30 @@ class Daemon:
             call(self.hooks, "stopped", self)
             log.info("worker %s stopped", self.worker)
         return 0
+
+    def _check_health(self) -> None:
+        """Before the first claim: a quarantine left from before stays in force, and
+        the self-check (spool.selfcheck) must pass for this host to claim at all."""
+        q = health.quarantined(self.tree, self.worker)
+        if q is not None:
+            self.quarantined = q.reason
+            log.error(
+                "quarantined since %s: %s; spool worker release %s lifts it", q.since, q.reason, self.worker
+            )
+            return
+        if not self.cfg.health.self_check:
+            return
+        result = selfcheck.run(self.cfg)
+        if result.ok:
+            log.info(
+                "self-check passed%s",
+                " (unchanged since last time)" if result.cached else f" in {result.seconds:.1f} s",
+            )
+            return
+        reason = f"self-check failed at step {result.step!r}: {result.detail}"
+        health.quarantine(self.tree, self.worker, reason, [f"{result.step}: {result.detail}"])
+        self.quarantined = reason
+        log.error("%s; this worker claims nothing until spool worker release %s", reason, self.worker)
 
     def _probe_filesystem(self) -> str:
         """``spool doctor``'s quick probes at start: log what the spool's filesystem
@@ -144,7 +178,7 @@ class Daemon:
             report.watch.value,
             report.watch.why,
         )
-        self.ctx.publish = "copy" if report.publish.value == "copy" else "link"
+        self.ctx.publish_by = "copy" if report.publish.value == "copy" else "link"
         return report.watch.value
 
     def _step(self) -> bool:
@@ -170,6 +204,7 @@ class Daemon:
                 self.interrupt.set()
         else:
             self.wake.clear()
+            self._look_at_quarantine(now)
             self._accept()
             if now >= self._next_scan:
                 self.index.refresh()  # the truth, on a timer: inotify misses other hosts
@@ -187,6 +222,8 @@ class Daemon:
                 state="stopping" if self.stopping else "running",
                 temp_disk_reserved=sum(self.reserved.values()),
                 oldest_pending_submitted=self.index.oldest_submitted(),
+                pools=self.pools.usage(),
+                quarantined=self.quarantined,
             )
             self._next_beat = now + self.cfg.daemon.heartbeat_interval
         call(self.hooks, "tick", self)
@@ -208,13 +245,35 @@ class Daemon:
                 self.index.note(o.job.job_id)  # claimable in this very iteration
         return len(outcomes)
 
+    def _quarantine_damaged(self) -> None:
+        """Files in ``pending/`` that can never be claimed leave the queue at once
+        (a silent skip would hang ``--drain`` and hide them from everyone)."""
+        for jid in self.index.take_damaged():
+            path = self.tree.job_file("pending", jid)
+            try:
+                quarantine.load(path)
+                continue  # readable now (it was being replaced): the next scan indexes it
+            except quarantine.Damaged as damage:
+                if quarantine.quarantine(self.tree, path, "pending", damage, self.worker):
+                    self.stats["quarantined"] = self.stats.get("quarantined", 0) + 1
+                    self.journal.record(
+                        jid, "quarantine", from_="pending", reason=f"{damage.field}: {damage.reason}"
+                    )
+            except OSError:
+                continue
+
     def _fill_slots(self) -> None:
-        free = self.cfg.limits.max_active - len(self.slots)
-        if free <= 0:
+        """Claim the best pending jobs while their pools have room (a job whose
+        pool is full waits; one from another pool may still go)."""
+        self._quarantine_damaged()
+        if self.quarantined is not None or self.pools.full():
             return
         for jid in self.index.ordered():
-            if free <= 0 or self.stopping:
+            if self.stopping or self.pools.full():
                 break
+            pool = self.index.pool(jid)
+            if not self.pools.has_room(pool):
+                continue
             need = self.index.estimate(jid)
             if not self._disk_allows(need):
                 if jid not in self._disk_warned:
@@ -232,16 +291,42 @@ class Daemon:
                 continue
             self.stats["claims"] += 1
             self.reserved[jid] = need
+            self.pools.take(jid, pool)
             crashpoint("after_claim")
             t = threading.Thread(target=self._run_job, args=(jid,), name=f"job-{jid}", daemon=True)
             self.slots[jid] = t
             t.start()
-            free -= 1
+
+    def _look_at_quarantine(self, now: float) -> None:
+        """An operator lifts a quarantine by removing its file (spool worker release)."""
+        if self.quarantined is None or now < self._next_quarantine_look:
+            return
+        self._next_quarantine_look = now + self.cfg.daemon.poll_interval
+        if health.quarantined(self.tree, self.worker) is None:
+            log.info("quarantine lifted: claiming again")
+            self.quarantined = None
+            self._streak = health.Streak(self.cfg.health.quarantine_after)
+
+    def _note_outcome(self, jid: str, outcome: str) -> None:
+        """Host-class failures in a row quarantine this worker (spool.health)."""
+        why = ""
+        if outcome in ("blocked", "host-failed"):
+            entry = next((e for e in blocklist.entries(self.tree, jid) if e.worker == self.worker), None)
+            why = entry.message if entry else ""
+        if self._streak.note(outcome, jid, why) and self.quarantined is None:
+            reason = (
+                f"{len(self._streak.evidence)} host-class failures in a row "
+                f"([health] quarantine_after = {self.cfg.health.quarantine_after})"
+            )
+            health.quarantine(self.tree, self.worker, reason, self._streak.evidence)
+            self.quarantined = reason
+            log.error("quarantined: %s; last: %s; spool worker release %s lifts it", reason, why, self.worker)
 
     def _run_job(self, jid: str) -> None:
         try:
             outcome = execute(self.ctx, jid)
             log.info("%s: %s", jid, outcome)
+            self._note_outcome(jid, outcome)
         except Exception:
             # An I/O error at a commit point (a NAS hiccup, a full disk while
             # writing a record) or a bug: the job is still ours in running/, so
@@ -280,6 +365,7 @@ class Daemon:
             if jid in finished or not t.is_alive():
                 del self.slots[jid]
                 self.reserved.pop(jid, None)
+                self.pools.give_back(jid)
 
     def _disk_allows(self, need: int) -> bool:
         """Reserve before claiming: within the allowance, and actually free on disk."""
@@ -290,11 +376,18 @@ class Daemon:
         return st.f_bavail * st.f_frsize >= held + need
 
     def _drained(self) -> bool:
-        if self.slots or self.orphans or len(self.index):
+        """Nothing left that this worker could do: nothing running, arriving, or pending
+        that it may claim (a quarantined worker may claim nothing; a blocked job is
+        another worker's)."""
+        if self.slots or self.orphans:
+            return False
+        if self.quarantined is not None:
+            return True
+        if self.index.claimable():
             return False
         if any(True for _ in visible_names(self.tree.incoming)):
             return False
-        return count(self.tree.pending) == 0
+        return count(self.tree.pending) == len(self.index)
 
     # -- signals ----------------------------------------------------------------------
     def _install_signals(self) -> None:

@@ -23,13 +23,18 @@ class Hook:
     """Override what you need; every callback defaults to doing nothing."""
 
     def started(self, daemon: Daemon) -> None:
-        """The daemon holds its identity, adopted its jobs and is about to loop."""
+        """The daemon holds its identity, adopted its jobs and is about to loop
+        (main thread, as are ``tick``, ``stopping`` and ``stopped``)."""
 
     def tick(self, daemon: Daemon) -> None:
         """Once per loop iteration (at least every poll interval)."""
 
     def event(self, daemon: Daemon, event: Event) -> None:
-        """A transition this daemon recorded in the journal."""
+        """A transition this daemon recorded in the journal.
+
+        Called on the thread that recorded it: the main loop's (accepting,
+        quarantining) or a job's own slot thread (claimed, complete, failed), so
+        several calls may run at once; a hook that keeps state locks it."""
 
     def stopping(self, daemon: Daemon) -> None:
         """The first stop signal arrived: no more claims."""

@@ -58,7 +58,12 @@ class Metrics(Hook):
         assert self.path is not None
         self._due = time.monotonic() + daemon.cfg.observe.metrics_interval
         fams = self.counters.families(
-            daemon.worker, daemon.stats, daemon.cfg.limits.max_active, len(daemon.slots)
+            daemon.worker,
+            daemon.stats,
+            daemon.cfg.limits.max_active,
+            len(daemon.slots),
+            daemon.pools.usage(),
+            daemon.quarantined is not None,
         )
         fams += metrics.queue_families(daemon.tree, daemon.worker, overview.clock(daemon.tree))
         metrics.write(self.path, fams)

@@ -7,6 +7,7 @@ import threading
 from typing import Any
 
 from spool import accept, claim, config, execute
+from spool.context import Context
 from spool.events import Journal
 from spool.tree import Tree
 
@@ -47,7 +48,7 @@ def publish(tree: Tree, cfg: config.Config, data: bytes | dict[str, Any], worker
     raw = data if isinstance(data, bytes) else json.dumps(data).encode()
     job = accept.accept_bytes(tree, cfg, raw, "tester")
     assert claim.claim(tree, worker, job.job_id)
-    ctx = execute.Context(tree, cfg, worker, Journal(tree, worker), threading.Event())
+    ctx = Context(tree, cfg, worker, Journal(tree, worker), threading.Event())
     outcome = execute.execute(ctx, job.job_id)
     assert outcome == "complete", outcome
     return job.job_id

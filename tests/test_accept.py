@@ -27,7 +27,8 @@ import pytest
 from conftest import TAGS, minimal, run_cli, state_files, submission, wait_for
 
 from spool import accept, config
-from spool.model import Job, canonical_json, decode
+from spool.kinds import Job
+from spool.model import canonical_json, decode
 from spool.status import locate
 from spool.tree import Tree
 

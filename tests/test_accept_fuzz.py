@@ -29,7 +29,8 @@ from hypothesis import strategies as st
 
 from spool import accept, config
 from spool.errors import InvalidInput
-from spool.model import Job, Rejection, decode
+from spool.kinds import Job
+from spool.model import Rejection, decode
 from spool.tree import Tree
 
 EXAMPLES = int(os.environ.get("SPOOL_FUZZ_EXAMPLES", "150"))

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import multiprocessing as mp
+import os
 from pathlib import Path
 
+import pytest
 from conftest import minimal
 
 from spool import accept, claim
-from spool.tree import Tree
+from spool.tree import Tree, transfer
 
 ROUNDS = 200
 
@@ -73,7 +76,7 @@ def test_move_fails_for_a_worker_that_lost_the_job(tmp_path: Path):
     tree.create()
     (tree.running / "w2").mkdir(parents=True)
     (tree.running / "w2" / "j@1.json").write_text("{}")  # recovered away to w2
-    assert claim.move(tree, "w1", "j@1", "complete") is False
+    assert transfer(tree.job_file("running", "j@1", "w1"), tree.job_file("complete", "j@1")) is False
     assert not (tree.complete / "j@1.json").exists()
     assert claim.owns(tree, "w2", "j@1") and not claim.owns(tree, "w1", "j@1")
 
@@ -94,3 +97,28 @@ def test_claim_order_is_priority_then_submission_time(tree, cfg, assets):
     assert claim.claim(tree, "w1", "high@1")
     index.refresh()
     assert "high@1" not in list(index.ordered())
+
+
+def test_transfer_raises_what_is_not_a_lost_race(tmp_path: Path):
+    """EXDEV (or EACCES, EROFS) is a located error, not a claim lost to somebody else."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs /dev/shm on another filesystem than the test folder")
+    src = shm / f"spool-transfer-{os.getpid()}.json"
+    src.write_text("{}")
+    try:
+        with pytest.raises(OSError) as exc:
+            transfer(src, tmp_path / "dst.json")
+        assert exc.value.errno == errno.EXDEV
+        assert src.exists()
+    finally:
+        src.unlink()
+
+
+def test_transfer_creates_a_missing_destination_folder_once(tmp_path: Path):
+    (tmp_path / "a.json").write_text("{}")
+    assert transfer(tmp_path / "a.json", tmp_path / "new" / "a.json") is True
+    assert (tmp_path / "new" / "a.json").exists() and not (tmp_path / "a.json").exists()
+    # A source that is gone and a destination that never came: lost, not created.
+    assert transfer(tmp_path / "b.json", tmp_path / "other" / "b.json") is False
+    assert not (tmp_path / "other").exists()

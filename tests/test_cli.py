@@ -29,12 +29,13 @@ def test_status_json_counts_every_state(tree, assets, daemons):
         "complete": 1,
         "failed": 1,
         "rejected": 1,
+        "quarantine": 0,
     }
     assert report["failed"][0]["job_id"] == "bad@1"
     assert report["failed"][0]["property"] == "width"
     assert report["failed"][0]["next_action"]
     assert report["rejected"][0]["file"] == "broken.json"
-    assert "sources" in report["rejected"][0]["reason"] or "recipe" in report["rejected"][0]["reason"]
+    assert report["rejected"][0]["reason"].startswith(("sources", "recipe", "tags"))  # names the field
     human = run_cli("status", spool=tree, check=True).stdout
     assert "pending 1" in human and "failed 1" in human and "Needs attention" in human
     assert "bad@1" in human and "next:" in human

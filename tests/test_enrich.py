@@ -34,7 +34,7 @@ def cut_clip(tmp_path_factory) -> Path:
 
 
 def test_enrichment_reads_facts_cuts_loudness_black_and_silence(tree, cfg, cut_clip):
-    s = store.publish(tree, cut_clip, ".mp4", prefer_link=False)
+    s = store.put(tree, cut_clip, ".mp4", prefer_link=False)
     rec = enrich.enrich_object(tree, cfg, s.digest, s.path)
     assert rec.facts is not None and (rec.facts.width, rec.facts.height, rec.facts.fps) == (160, 120, 25.0)
     assert rec.facts.video_codec == "h264" and rec.facts.audio_codec == "aac"
@@ -50,7 +50,7 @@ def test_enrichment_reads_facts_cuts_loudness_black_and_silence(tree, cfg, cut_c
 
 
 def test_unknown_field_is_refused_by_name(tree, cfg, cut_clip):
-    s = store.publish(tree, cut_clip, ".mp4", prefer_link=False)
+    s = store.put(tree, cut_clip, ".mp4", prefer_link=False)
     with pytest.raises(InvalidInput, match="--field"):
         enrich.enrich_object(tree, cfg, s.digest, s.path, ["colour"])
 

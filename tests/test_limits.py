@@ -169,6 +169,10 @@ def test_disk_full_fails_cleanly_with_a_record_and_nothing_published(small_attem
     assert d.wait(timeout=120) == 0
     f = _failure(tree, "full@1")
     assert f["property"] == "disk_space" and f["actual"] == "ENOSPC" and f["retryable"]
+    # It sits in failed/: the next action must not promise an automatic retry.
+    assert (tree.failed / "full@1.json").exists()
+    assert "retried automatically" not in f["next_action"] and "by itself" in f["next_action"]
+    assert "All 1 attempts are used" in f["next_action"] and "spool retry full@1" in f["next_action"]
     assert not out.exists()  # the partial output was removed to make room for the record
     _nothing_published(tree, "full@1")
     (tree.attempts / "filler").unlink()

@@ -14,7 +14,8 @@ from conftest import minimal, submission
 from spool import accept, claim, execute
 from spool.config import Config
 from spool.events import Journal
-from spool.model import Failure, Job, Manifest, decode
+from spool.kinds import Job
+from spool.model import Failure, Manifest, decode
 from spool.tree import Tree
 
 
@@ -126,6 +127,8 @@ def test_ffmpeg_failure_is_a_render_stage_failure(tree, cfg, journal, assets):
     job = accept.accept_bytes(tree, cfg, json.dumps(minimal(assets, name="broken")).encode(), "t")
     assert claim.claim(tree, "w1", job.job_id)
     ctx = execute.Context(tree, cfg, "w1", journal, threading.Event())
-    assert execute.execute(ctx, job.job_id) == "failed"
+    # FFmpeg missing is this host's fault; with no other worker alive the job fails here.
+    assert execute.execute(ctx, job.job_id) == "host-failed"
     f = decode((tree.attempt_dir(job.job_id, 1) / "failure.json").read_bytes(), Failure)
     assert f.stage == "render" and f.property == "ffmpeg" and not f.retryable
+    assert f.fault == "host" and "no other live worker" in f.message

@@ -27,7 +27,8 @@ from spool import accept, claim, execute, probe, recipe
 from spool.config import Config
 from spool.errors import InvalidInput
 from spool.events import Journal
-from spool.model import Failure, Job, Manifest, Source, decode
+from spool.kinds import Job
+from spool.model import Failure, Manifest, Source, decode
 from spool.tree import Tree
 
 # -- helpers -------------------------------------------------------------------------------

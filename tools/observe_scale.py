@@ -13,6 +13,7 @@ status page's ``/api/status`` served by a real ``spool serve``.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 import subprocess
@@ -23,13 +24,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from spool import config
+from spool.kinds import NoopJob as Job
 from spool.model import (
     AttemptRecord,
     Check,
     Event,
     Expect,
     Failure,
-    Job,
     Manifest,
     Output,
     PublishedFile,
@@ -79,9 +80,7 @@ def build(root: Path, jobs: int, all_pending: bool = False) -> dict[str, int]:
                 job_id=jid,
                 name=jid.split("@")[0],
                 revision=1,
-                operation="noop",
-                recipe=None,
-                recipe_hash="0" * 64,
+                recipe_hash=hashlib.sha256(b"null").hexdigest(),
                 sources=[],
                 output=Output(file=f"{jid.split('@')[0]}.txt", container="txt", expect=Expect()),
                 tags=TAGS,
@@ -122,7 +121,7 @@ def build(root: Path, jobs: int, all_pending: bool = False) -> dict[str, int]:
             m = Manifest(
                 job_id=jid,
                 attempt=1,
-                recipe_hash="0" * 64,
+                recipe_hash=hashlib.sha256(b"null").hexdigest(),
                 output=PublishedFile(
                     file=job.output.file,
                     sha256=digest,

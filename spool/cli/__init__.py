@@ -11,12 +11,11 @@ on the shared ``app``.
 from __future__ import annotations
 
 import sys
-from typing import TextIO
 
 import typer
 
 from .. import secrets
-from ..errors import SpoolError
+from ..errors import EXIT_ERROR, SpoolError
 
 # Importing a group registers its commands; the order is the order of `spool --help`.
 from . import queue  # noqa: F401  # isort: skip
@@ -25,29 +24,21 @@ from . import intent  # noqa: F401  # isort: skip
 from . import repair  # noqa: F401  # isort: skip
 from . import library  # noqa: F401  # isort: skip
 from . import doctor  # noqa: F401  # isort: skip
-from .common import app
+from . import worker  # noqa: F401  # isort: skip
+from .common import app, guard_output
 
 __all__ = ["app", "main"]
 
 
-class _RedactingStdout:
-    """stdout with secrets masked: ``spool show`` and friends print records and logs."""
-
-    def __init__(self, inner: TextIO) -> None:
-        self._inner = inner
-
-    def write(self, text: str) -> int:
-        return self._inner.write(secrets.redact(text))
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._inner, name)
-
-
 def main() -> None:
     secrets.install_from((), ())  # the environment's secrets; each command adds its config's
-    sys.stdout = _RedactingStdout(sys.stdout)
+    guard_output()
     try:
         app()
     except SpoolError as exc:  # anything a command did not catch itself
         typer.echo(f"spool: {exc}", err=True)
         sys.exit(exc.exit_code)
+    except OSError as exc:  # a file the command could not read or write: one line, no traceback
+        where = f": {exc.filename}" if exc.filename else ""
+        typer.echo(f"spool: {exc.strerror or exc}{where}", err=True)
+        sys.exit(EXIT_ERROR)

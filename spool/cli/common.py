@@ -1,12 +1,21 @@
-"""What every command shares: the app, ``--spool``/``--json``, output helpers."""
+"""What every command shares: the app, ``--spool``/``--json``, output helpers.
+
+Every byte the CLI prints passes one choke point, :func:`guard_output`: both
+standard streams (text and their binary buffers) mask the secrets
+:mod:`spool.secrets` knows. What is laid out or encoded first is masked
+before that, by :func:`unsecret`: the records behind ``status``, ``show`` and
+``events`` (a terminal may wrap a long secret) and every :func:`print_json`
+value (JSON escapes some characters a secret may hold).
+"""
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, BinaryIO, TextIO
 
 import msgspec
 import typer
@@ -20,17 +29,89 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     help="A filesystem-native render queue: see and steer a spool.",
+    # A traceback with locals can print a token or a whole config: never.
+    pretty_exceptions_enable=False,
+    pretty_exceptions_show_locals=False,
 )
 
-SpoolOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--spool",
-        envvar="SPOOL_DIR",
-        help="The spool folder (default: SPOOL_DIR, or the current folder).",
-    ),
-]
+SPOOL_HELP = "The spool folder (default: SPOOL_DIR, or the spool the current folder is inside)."
+SpoolOpt = Annotated[Path | None, typer.Option("--spool", help=SPOOL_HELP, show_default=False)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+
+#: ``spool --spool DIR COMMAND``: the option given before the command, as ``git -C``.
+_before_command: dict[str, Path | None] = {"spool": None}
+
+
+@app.callback()
+def _global_options(spool: SpoolOpt = None) -> None:
+    """A filesystem-native render queue: see and steer a spool."""
+    _before_command["spool"] = spool
+
+
+# -- output: the one place secrets are masked ------------------------------------------
+
+
+class _RedactingBytes:
+    """A binary stream that masks secrets in each write (``spool logs``, JSON)."""
+
+    def __init__(self, inner: BinaryIO) -> None:
+        self._inner = inner
+
+    def write(self, data: bytes) -> int:
+        self._inner.write(secrets.redact_bytes(bytes(data)))
+        return len(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class _RedactingText:
+    """A text stream that masks secrets in each write; its ``buffer`` does too."""
+
+    def __init__(self, inner: TextIO) -> None:
+        self._inner = inner
+        self.buffer = _RedactingBytes(inner.buffer)
+
+    def write(self, text: str) -> int:
+        self._inner.write(secrets.redact(text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def guard_output() -> None:
+    """Mask secrets in everything written to stdout and stderr from now on
+    (idempotent). Secrets learnt later (a spool's ``[secrets]``) are masked too:
+    :func:`spool.secrets.redact` reads the current set at each write."""
+    if not isinstance(sys.stdout, _RedactingText):
+        sys.stdout = _RedactingText(sys.stdout)
+    if not isinstance(sys.stderr, _RedactingText):
+        sys.stderr = _RedactingText(sys.stderr)
+
+
+def unsecret(value: Any) -> Any:
+    """``value`` with every string in it masked, keeping its types (records stay
+    records). For what a terminal lays out (a wrapped line can split a long
+    secret in two, where masking the printed text no longer finds it) and for
+    JSON (which escapes some characters a secret may hold)."""
+    if isinstance(value, str):
+        return secrets.redact(value)
+    if isinstance(value, msgspec.Struct):
+        changed = {}
+        for name in value.__struct_fields__:
+            old = getattr(value, name)
+            new = unsecret(old)
+            if new is not old:
+                changed[name] = new
+        return msgspec.structs.replace(value, **changed) if changed else value
+    if isinstance(value, dict):
+        return {unsecret(k): unsecret(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [unsecret(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(unsecret(v) for v in value)
+    return value
 
 
 # -- helpers -------------------------------------------------------------------------
@@ -54,19 +135,37 @@ def open_spool(spool: Path | None, as_json: bool) -> tuple[Tree, Config]:
 
 
 def open_tree(spool: Path | None) -> Tree:
-    if spool is None:
-        here = Tree.at(Path.cwd())
-        if here.is_spool():
-            return here
-        raise InvalidInput("--spool", "no spool given; pass --spool DIR or set SPOOL_DIR")
-    tree = Tree.at(spool)
+    """The spool named after the command, else before it, else by ``SPOOL_DIR``,
+    else the one the current folder is inside (``pending/``, ``attempts/J/1/work/``)."""
+    given = (
+        spool
+        or _before_command["spool"]
+        or (Path(os.environ["SPOOL_DIR"]) if os.environ.get("SPOOL_DIR") else None)
+    )
+    if given is None:
+        for folder in _upwards(Path.cwd()):
+            here = Tree.at(folder)
+            if here.is_spool():
+                return here
+        raise InvalidInput(
+            "--spool", "no spool given and none around the current folder; pass --spool DIR or set SPOOL_DIR"
+        )
+    tree = Tree.at(given)
     if not tree.is_spool():
-        raise NotFound(f"{spool} is not a spool (create one with: spool init {spool})")
+        raise NotFound(f"{given} is not a spool (create one with: spool init {given})")
     return tree
 
 
+def _upwards(start: Path) -> Iterator[Path]:
+    """``start`` and each folder above it, up to the filesystem root."""
+    yield start
+    yield from start.parents
+
+
 def print_json(value: Any) -> None:
-    sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(value), indent=2) + b"\n")
+    """``value`` as indented JSON on stdout, every string in it masked."""
+    data = unsecret(msgspec.to_builtins(value))
+    sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(data), indent=2) + b"\n")
 
 
 def fail(exc: SpoolError, as_json: bool) -> typer.Exit:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import getpass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -25,14 +26,18 @@ def _journal(spool: Path | None, as_json: bool) -> tuple[Tree, Config, Journal]:
 
 
 def _move(
-    action: str, job: str, by: str | None, spool: Path | None, as_json: bool, state: str, said: str
+    move: Callable[[Tree, str, str, Journal], None],
+    job: str,
+    by: str | None,
+    spool: Path | None,
+    as_json: bool,
+    state: str,
+    said: str,
 ) -> None:
     """retry, hold and release: one intent function moving one job, one line of output."""
-    from .. import intent  # here: spool starts faster without it
-
     tree, _, journal = _journal(spool, as_json)
     try:
-        getattr(intent, action)(tree, job, by or getpass.getuser(), journal)
+        move(tree, job, by or getpass.getuser(), journal)
     except SpoolError as exc:
         raise fail(exc, as_json) from None
     if as_json:
@@ -44,7 +49,9 @@ def _move(
 @app.command("retry")
 def retry_cmd(job: JobArg, by: ByOpt = None, spool: SpoolOpt = None, as_json: JsonOpt = False) -> None:
     """Send a failed job back to pending: same job file and recipe, a new attempt."""
-    _move("retry_job", job, by, spool, as_json, "pending", "pending (retry)")
+    from .. import intent  # here: spool starts faster without it
+
+    _move(intent.retry_job, job, by, spool, as_json, "pending", "pending (retry)")
 
 
 @app.command()
@@ -52,11 +59,16 @@ def revise(
     job: JobArg,
     recipe: Annotated[Path, typer.Option("--recipe", help="JSON file with the new recipe.")],
     source: Annotated[list[str] | None, typer.Option("--source", help="ROLE=PATH to add or replace.")] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Revise JOB even though a newer revision of it exists.")
+    ] = False,
     by: ByOpt = None,
     spool: SpoolOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """A new editorial choice: a new revision name@N+1 that supersedes JOB (which stays as it was)."""
+    """A new editorial choice: a new revision name@N+1 that supersedes JOB (which stays as it was).
+
+    Refused while JOB has a newer revision (revise the newest), unless --force."""
     from .. import intent  # here: spool starts faster without it
 
     tree, cfg, journal = _journal(spool, as_json)
@@ -66,14 +78,20 @@ def revise(
         except OSError as exc:
             raise InvalidInput("--recipe", f"{recipe} cannot be read ({exc.strerror})") from None
         if isinstance(value, dict) and "recipe" in value:
-            value = value["recipe"]  # a whole submission file works too
+            # A job or submission file carries sources, tags and output too, which
+            # revise would silently ignore: ask for the recipe alone.
+            raise InvalidInput(
+                "--recipe",
+                f"{recipe} is a whole job or submission file; pass a file holding only its recipe "
+                "(the object with input and steps, e.g. jq .recipe FILE)",
+            )
         extra = {}
         for item in source or []:
             role, sep, path = item.partition("=")
             if not sep or not role or not path:
                 raise InvalidInput("--source", f"{item!r} is not ROLE=PATH")
             extra[role] = path
-        new = intent.revise(tree, cfg, job, value, by or getpass.getuser(), journal, extra)
+        new = intent.revise(tree, cfg, job, value, by or getpass.getuser(), journal, extra, force=force)
     except SpoolError as exc:
         raise fail(exc, as_json) from None
     if as_json:
@@ -136,10 +154,14 @@ def approve(
 @app.command()
 def hold(job: JobArg, by: ByOpt = None, spool: SpoolOpt = None, as_json: JsonOpt = False) -> None:
     """Set a pending job aside in held/ (no worker claims it) until released."""
-    _move("hold", job, by, spool, as_json, "held", "held")
+    from .. import intent  # here: spool starts faster without it
+
+    _move(intent.hold, job, by, spool, as_json, "held", "held")
 
 
 @app.command()
 def release(job: JobArg, by: ByOpt = None, spool: SpoolOpt = None, as_json: JsonOpt = False) -> None:
     """Return a held job to pending."""
-    _move("release", job, by, spool, as_json, "pending", "pending (released)")
+    from .. import intent  # here: spool starts faster without it
+
+    _move(intent.release, job, by, spool, as_json, "pending", "pending (released)")

@@ -9,8 +9,9 @@ import typer
 
 from .. import enrich, index, library
 from ..errors import InvalidInput, NotFound, SpoolError
-from ..model import JOB_ID_RE, NAME_RE, Manifest
-from ..status import read
+from ..index import NAME_RE
+from ..model import JOB_ID_RE, Manifest
+from ..records import read
 from ..tree import Tree
 from .common import JsonOpt, SpoolOpt, app, fail, human_seconds, open_spool, print_json
 

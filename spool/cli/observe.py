@@ -18,9 +18,9 @@ import typer
 from rich.console import Console
 
 from .. import eventlog, overview, status
-from ..errors import InvalidInput, NotFound, SpoolError
+from ..errors import InvalidInput, NotFound, NotReady, SpoolError
 from . import views
-from .common import JsonOpt, SpoolOpt, app, fail, open_spool, open_tree, print_json
+from .common import JsonOpt, SpoolOpt, app, fail, open_spool, open_tree, print_json, unsecret
 
 
 def _console() -> Console:
@@ -38,7 +38,7 @@ def status_cmd(spool: SpoolOpt = None, as_json: JsonOpt = False) -> None:
     if as_json:
         print_json(ov)
         return
-    _console().print(views.status_view(ov))
+    _console().print(views.status_view(unsecret(ov)))
 
 
 @app.command()
@@ -56,7 +56,7 @@ def watch(
     try:
         with Live(console=console, screen=console.is_terminal, auto_refresh=False) as live:
             while True:
-                live.update(views.status_view(overview.overview(tree, cfg)), refresh=True)
+                live.update(views.status_view(unsecret(overview.overview(tree, cfg))), refresh=True)
                 time.sleep(interval)
     except KeyboardInterrupt:
         pass
@@ -112,7 +112,7 @@ def show(
     if as_json:
         print_json(info)
         return
-    _console().print(views.show_view(info))
+    _console().print(views.show_view(unsecret(info)))
 
 
 @app.command()
@@ -121,19 +121,35 @@ def logs(
     attempt: Annotated[int | None, typer.Option(help="Attempt number (default: the latest).")] = None,
     follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing while the job runs.")] = False,
     spool: SpoolOpt = None,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="Print {job_id, attempt, attempts, state, log} (not with --follow)."),
+    ] = False,
 ) -> None:
-    """Print the FFmpeg log of a job's attempt."""
+    """Print the FFmpeg log of a job's attempt (exit 3 if it has not started yet)."""
     try:
+        if as_json and follow:
+            raise InvalidInput("--json", "cannot be combined with --follow; follow with spool events --json")
         tree = open_tree(spool)
         nums = status.attempt_numbers(tree, job)
-        if status.locate(tree, job) is None:
+        loc = status.locate(tree, job)
+        if loc is None:
             raise NotFound(f"no job {job} in {tree.root}")
-        n = attempt if attempt is not None else (nums[-1] if nums else None)
-        if n is None or n not in nums:
-            raise NotFound(f"{job} has no attempt {attempt}" if attempt else f"{job} has not started yet")
+        if attempt is not None and attempt not in nums:
+            raise NotFound(f"{job} has no attempt {attempt}")
+        if not nums:
+            raise NotReady(f"{job} is {loc.state} and has not started yet: no log")
+        n = attempt if attempt is not None else nums[-1]
     except SpoolError as exc:
-        raise fail(exc, False) from None
+        raise fail(exc, as_json) from None
     path = tree.attempt_dir(job, n) / "ffmpeg.log"
+    if as_json:
+        try:
+            text = path.read_bytes().decode("utf-8", "replace")
+        except FileNotFoundError:
+            text = ""
+        print_json({"job_id": job, "attempt": n, "attempts": nums, "state": loc.state, "log": text})
+        return
     pos = 0
     while True:
         try:
@@ -146,8 +162,8 @@ def logs(
             sys.stdout.buffer.write(chunk)
             sys.stdout.flush()
             pos += len(chunk)
-        loc = status.locate(tree, job)
-        if not follow or loc is None or loc.state != "running":
+        now_at = status.locate(tree, job)
+        if not follow or now_at is None or now_at.state != "running":
             break
         time.sleep(0.5)
 
@@ -208,7 +224,7 @@ def events(
             if as_json:
                 out.write(line.raw)
             else:
-                console.print(views.event_line(line.event))
+                console.print(views.event_line(unsecret(line.event)))
         sys.stdout.flush()
 
     follower = eventlog.Follower(tree, job)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import getpass
 import grp
 import os
+import stat
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from ..errors import EXIT_INVALID, InvalidInput, SpoolError
+from ..errors import EXIT_INVALID, InvalidInput, NotFound, SpoolError
 from ..events import Journal, cli_writer
 from ..tree import Tree, write_atomic
 from .common import JsonOpt, SpoolOpt, app, fail, load_config, open_spool, print_json
@@ -36,6 +37,10 @@ def init(
 
     tree = Tree.at(directory)
     try:
+        if directory.exists() and not directory.is_dir():
+            raise InvalidInput(
+                "DIRECTORY", f"{directory} is a file, not a folder; give a new or existing folder"
+            )
         gid = None
         if group is not None:
             try:
@@ -53,6 +58,11 @@ def init(
             write_atomic(tree.config_file, config.template(roots, umask).encode())
             wrote = True
         load_config(tree)
+    except OSError as exc:
+        err = SpoolError(f"cannot create a spool at {directory}: {exc.strerror or exc} ({exc.filename})")
+        if isinstance(exc, NotADirectoryError | FileExistsError):
+            err = InvalidInput("DIRECTORY", f"{directory}: {exc.strerror} ({exc.filename})")
+        raise fail(err, as_json) from None
     except SpoolError as exc:
         raise fail(exc, as_json) from None
     if as_json:
@@ -67,22 +77,35 @@ def submit(
     spool: SpoolOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Accept submissions (prints each job ID) or reject them (exit 2 with the reason)."""
+    """Accept submissions (prints each job ID) or reject them (exit 2 with the reason).
+
+    A file that cannot be read here (a typo, a folder, a FIFO, no permission) is the
+    caller's problem, not the queue's: it is reported and nothing is written
+    into the spool. The exit code is that of the first file that failed."""
     from .. import accept
 
     tree, cfg = open_spool(spool, as_json)
     journal = Journal(tree, cli_writer())
     user = getpass.getuser()
     results: list[dict[str, Any]] = []
-    rejected = False
+    code = 0
     for f in files:
+        local = _unreadable(f)
+        if local is not None:
+            code = code or local.exit_code
+            results.append(
+                {"file": str(f), "job_id": None, "error": str(local), "field": "FILES", "rejected": None}
+            )
+            if not as_json:
+                typer.echo(f"spool: {local}", err=True)
+            continue
         outcome = accept.submit_file(tree, cfg, f, journal, user)
         if isinstance(outcome, accept.Accepted):
             results.append({"file": str(f), "job_id": outcome.job.job_id, "error": None})
             if not as_json:
                 typer.echo(outcome.job.job_id)
         else:
-            rejected = True
+            code = code or EXIT_INVALID
             results.append(
                 {
                     "file": str(f),
@@ -96,5 +119,22 @@ def submit(
                 typer.echo(f"{f}: rejected: {outcome.error}", err=True)
     if as_json:
         print_json(results)
-    if rejected:
-        raise typer.Exit(EXIT_INVALID)
+    if code:
+        raise typer.Exit(code)
+
+
+def _unreadable(path: Path) -> SpoolError | None:
+    """Why the submitter's own file cannot be submitted at all, if it cannot."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return NotFound(f"{path}: no such file")
+    except OSError as exc:
+        return InvalidInput(str(path), f"cannot be read ({exc.strerror})")
+    if stat.S_ISDIR(st.st_mode):
+        return InvalidInput(str(path), "is a folder, not a submission file")
+    if not stat.S_ISREG(st.st_mode):
+        return InvalidInput(str(path), "is not a regular file (a FIFO, socket or device)")
+    if not os.access(path, os.R_OK):
+        return InvalidInput(str(path), "cannot be read (permission denied)")
+    return None

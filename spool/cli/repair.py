@@ -6,9 +6,9 @@ from typing import Annotated, Any
 
 import typer
 
-from ..errors import EXIT_ERROR, NotFound, SpoolError
+from ..errors import EXIT_ERROR, EXIT_NOT_FOUND, EXIT_NOT_READY, NotFound, SpoolError
 from ..events import Journal
-from ..model import Job, Manifest
+from ..model import Manifest
 from ..tree import HOST
 from .common import JsonOpt, SpoolOpt, app, fail, open_spool, print_json
 
@@ -148,30 +148,48 @@ def verify_cmd(
     spool: SpoolOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Re-hash published outputs against their manifests (and optionally re-validate them)."""
-    from .. import status, store
-    from ..execute import check_candidate
+    """Re-hash published outputs against their manifests (and optionally re-validate them).
+
+    Exit 1 if an output fails; else 4 if a named job does not exist; else 3 if
+    a named job is not complete yet."""
+    from .. import kinds, status, store
 
     tree, cfg = open_spool(spool, as_json)
     ids = job or sorted(j for j, _ in status.job_ids(tree, "complete"))
-    rows = []
+    rows: list[dict[str, Any]] = []
     for jid in ids:
+        loc = status.locate(tree, jid)
+        if loc is None:
+            rows.append({"job_id": jid, "ok": False, "problem": f"no job {jid}", "exit_code": EXIT_NOT_FOUND})
+            continue
+        if loc.state != "complete":
+            why = f"is {loc.state}, not complete: nothing published to verify yet"
+            rows.append({"job_id": jid, "ok": False, "problem": why, "exit_code": EXIT_NOT_READY})
+            continue
         m = status.read(tree.manifest_file(jid), Manifest)
         if m is None:
-            rows.append({"job_id": jid, "ok": False, "problem": "no manifest"})
+            rows.append({"job_id": jid, "ok": False, "problem": "no manifest", "exit_code": EXIT_ERROR})
             continue
         problem = store.verify(tree, m)
         if problem is None and revalidate:
             found = status.load_job(tree, jid)
             if found is not None:
-                j: Job = found[0]
-                rep = check_candidate(
+                j = found[0]
+                rep = kinds.of(j).check(
                     cfg, j, tree.root / m.output.store_path, tree.job_attempts(jid) / "verify.log"
                 )
                 if not rep.ok:
                     bad = rep.failed()[0]
                     problem = f"fails the {bad.name} check: expected {bad.expected}, got {bad.actual}"
-        rows.append({"job_id": jid, "ok": problem is None, "problem": problem, "sha256": m.output.sha256})
+        rows.append(
+            {
+                "job_id": jid,
+                "ok": problem is None,
+                "problem": problem,
+                "sha256": m.output.sha256,
+                "exit_code": EXIT_ERROR if problem else 0,
+            }
+        )
     bad_rows = [r for r in rows if not r["ok"]]
     if as_json:
         print_json({"ok": not bad_rows, "jobs": rows})
@@ -182,5 +200,7 @@ def verify_cmd(
                 + (f": {r['problem']}" if r["problem"] else "")
             )
         typer.echo(f"{len(rows) - len(bad_rows)} of {len(rows)} verified")
-    if bad_rows:
-        raise typer.Exit(EXIT_ERROR)
+    codes = {r["exit_code"] for r in bad_rows}
+    for code in (EXIT_ERROR, EXIT_NOT_FOUND, EXIT_NOT_READY):
+        if code in codes:
+            raise typer.Exit(code)

@@ -36,6 +36,16 @@ def local(ts: datetime | float | None, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
     return ts.astimezone().strftime(fmt)
 
 
+def _pools(w: dict[str, Any]) -> str:
+    """``2/4 slots`` for renders, then every other pool the worker draws from."""
+    pools = w.get("pools") or {"render": {"active": w["active"], "capacity": w["max_active"]}}
+    out = []
+    for name, use in sorted(pools.items(), key=lambda kv: kv[0] != "render"):
+        what = "slots" if name == "render" else name
+        out.append(f"{use['active']}/{use['capacity']} {what}")
+    return ", ".join(out)
+
+
 def human_bytes(n: int | None) -> str:
     if n is None:
         return "-"
@@ -127,7 +137,7 @@ def status_view(ov: dict[str, Any]) -> Group:
             table.add_row(
                 Text("  " + w["worker"]),
                 Text(w["health"], style=HEALTH_STYLE.get(w["health"], "")),
-                Text(f"{w['active']}/{w['max_active']} slots"),
+                Text(_pools(w)),
                 Text(f"disk {disk}"),
                 Text(f"heartbeat {_age(w['heartbeat_age'])} ago", style="dim"),
             )

@@ -92,7 +92,8 @@ def _write(path: Path, data: bytes) -> None:
 def build(root: Path, n: int) -> None:
     """``n`` complete, indexed assets, written directly (no fsync)."""
     from spool import index
-    from spool.model import Expect, Job, Output, encode
+    from spool.kinds import NoopJob as Job
+    from spool.model import Expect, Output, encode
     from spool.tree import Tree
 
     make_spool(root, noop_settings())
@@ -113,8 +114,6 @@ def build(root: Path, n: int) -> None:
             job_id=f"asset-{i:06d}@1",
             name=f"asset-{i:06d}",
             revision=1,
-            operation="noop",
-            recipe=None,
             recipe_hash=hashlib.sha256(b"null").hexdigest(),
             sources=[],
             output=Output(file=f"asset-{i:06d}.txt", container="txt", expect=Expect()),

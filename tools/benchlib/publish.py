@@ -1,4 +1,4 @@
-"""Publish: ``spool.store.publish`` of a large output against ``sha256sum`` of the same file.
+"""Publish: ``spool.store.put`` of a large output against ``sha256sum`` of the same file.
 
 The output must be read once to be hashed, so ``sha256sum`` (coreutils, as an
 operator would verify the store from a shell) is the floor. The candidate sits
@@ -67,7 +67,7 @@ def _one(kind: str, size: int, rounds: int, label: str) -> list[Row]:
                 p.unlink()
             os.chmod(cand, 0o644)
             t0 = time.perf_counter()
-            stored = store.publish(tree, cand, ".mp4")
+            stored = store.put(tree, cand, ".mp4")
             took = time.perf_counter() - t0
             a, b = os.stat(cand), os.stat(stored.path)
             same = (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino) and b.st_nlink >= 2
@@ -86,7 +86,7 @@ def _one(kind: str, size: int, rounds: int, label: str) -> list[Row]:
             store.sha256_file(cand)
             return time.perf_counter() - t0
 
-        log(f"publish: {rounds} rounds of store.publish, sha256sum, store.sha256_file on {kind}")
+        log(f"publish: {rounds} rounds of store.put, sha256sum, store.sha256_file on {kind}")
         res = interleave(rounds, {"spool": spool_publish, "sha256sum": sha256sum, "hash": hashlib_only})
     ratio = median(pair_ratios(res["spool"], res["sha256sum"]))
     log(
@@ -138,7 +138,7 @@ def run(mode: str) -> tuple[list[Row], list[str]]:
     rows = [row for kind in ("disk", "tmpfs") for row in _one(kind, size, rounds, label)]
     notes = [
         f"publish: {label} candidate in attempts/J/1/work/, in the page cache, {rounds} rounds of "
-        "[store.publish, sha256sum, store.sha256_file] rotated; the store entry is removed before each "
+        "[store.put, sha256sum, store.sha256_file] rotated; the store entry is removed before each "
         f"publish; sha256sum is coreutils ({_sha256sum_impl()}); spool hashes with hashlib (OpenSSL).",
     ]
     return rows, notes

@@ -74,7 +74,8 @@ def build_tree(root: Path, n: int) -> None:
     """``n`` valid no-op jobs in ``pending/``, written directly (no fsync)."""
     import hashlib
 
-    from spool.model import Expect, Job, Output, encode
+    from spool.kinds import NoopJob as Job
+    from spool.model import Expect, Output, encode
 
     make_spool(root, noop_settings(limits={"max_active": 1}))
     pending = root / "pending"
@@ -85,8 +86,6 @@ def build_tree(root: Path, n: int) -> None:
             job_id=f"{name}@1",
             name=name,
             revision=1,
-            operation="noop",
-            recipe=None,
             recipe_hash=hashlib.sha256(b"null").hexdigest(),
             sources=[],
             output=Output(file=f"{name}.txt", container="txt", expect=Expect()),
@@ -103,7 +102,8 @@ def build_tree(root: Path, n: int) -> None:
 
 def parse_all(pending: Path) -> float:
     """What counting by parsing would cost: read and decode every job file (in-process)."""
-    from spool.model import Job, decode
+    from spool.kinds import Job
+    from spool.model import decode
 
     t0 = time.perf_counter()
     for e in os.scandir(pending):

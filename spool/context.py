@@ -1,0 +1,27 @@
+"""What one worker needs to run and recover jobs: where, with which limits, as whom."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Literal
+
+from .config import Config
+from .events import Journal
+from .tree import Tree
+
+
+@dataclass
+class Context:
+    """A worker's view of its spool, shared by execute, publish and recover."""
+
+    tree: Tree
+    cfg: Config
+    worker: str
+    journal: Journal
+    #: Set to interrupt running work now (graceful stop after the grace period).
+    stop: threading.Event
+    #: The publish *strategy* for validated outputs: ``link`` (falling back to a
+    #: copy where a link fails) or ``copy`` (copy, fsync, re-hash); the daemon
+    #: sets it from ``spool doctor``'s probes.
+    publish_by: Literal["link", "copy"] = "link"

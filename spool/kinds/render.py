@@ -1,0 +1,291 @@
+"""The ``render`` kind: a recipe rendered by FFmpeg from hashed sources.
+
+Acceptance resolves the sources inside the asset roots, probes and hashes
+them, checks the recipe against them and works out the expectations of the
+output. An attempt re-hashes every source (the queue renders what was
+accepted or nothing), runs FFmpeg under the operator's limits, and hands the
+candidate to the validation gate (:mod:`spool.validate`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .. import health, intent, recipe, render, store
+from .. import sources as sources_
+from ..errors import Failed, Interrupted, InvalidInput
+from ..faults import crashpoint
+from ..model import JobBase, Output, Progress, Source, ValidationReport
+from ..validate import validate
+from .base import Kind, Produced
+
+if TYPE_CHECKING:
+    from ..accept import Submission
+    from ..attempt import Attempt
+    from ..config import Config
+    from ..context import Context
+    from ..tree import Tree
+
+
+class RenderJob(JobBase, tag="render"):
+    """A render job file: the recipe, frozen with its sources."""
+
+    recipe: recipe.Recipe
+
+
+class Render(Kind[RenderJob]):
+    name = "render"
+    job_type = RenderJob
+
+    # -- acceptance -------------------------------------------------------------
+    def freeze(self, tree: Tree, cfg: Config, sub: Submission, common: dict[str, Any]) -> RenderJob:
+        rec = sub.recipe
+        if rec is None:
+            raise InvalidInput("recipe", "is required but missing")
+        if not sub.sources:
+            raise InvalidInput("sources", "is required but missing (declare at least the input clip)")
+        recipe.check_roles(rec, set(sub.sources))
+        roots = cfg.asset_roots(tree.root)
+        resolved = {role: sources_.resolve(role, text, roots) for role, text in sub.sources.items()}
+        unused = sorted(set(resolved) - rec.roles())
+        if unused:
+            raise InvalidInput(f"sources.{unused[0]}", "is declared but no recipe step uses it; remove it")
+        sources = {role: sources_.describe(role, path, cfg) for role, path in resolved.items()}
+        recipe.check(rec, sources)
+
+        ext = recipe.extension(rec)
+        out_file = sub.output.file or f"{sub.name}{ext}"
+        if not out_file.endswith(ext):
+            raise InvalidInput(
+                "output.file",
+                f"must end with {ext} to match the {rec.encode.container} container",
+            )
+        estimate = recipe.estimate_bytes(rec, sources)
+        if estimate > cfg.limits.temp_disk_bytes:
+            raise InvalidInput(
+                "recipe",
+                f"this render may need {estimate / 2**30:.1f} GiB of temporary disk, more than "
+                f"limits.temp_disk ({cfg.limits.temp_disk_bytes / 2**30:.1f} GiB) allows; "
+                "shorten it or raise the limit",
+            )
+        expect = sources_.merge_expect(
+            recipe.default_expect(rec, sources, cfg.validation.duration_tolerance),
+            sub.output.expect,
+        )
+        job = RenderJob(
+            **common,
+            recipe=rec,
+            recipe_hash="",
+            sources=[sources[r] for r in sorted(sources)],
+            output=Output(
+                file=out_file, container=rec.encode.container, expect=expect, stated=sub.output.expect
+            ),
+            estimate_bytes=estimate,
+        )
+        job.recipe_hash = self.spec_hash(job)
+        return job
+
+    def spec(self, job: RenderJob) -> object:
+        return job.recipe
+
+    # -- an attempt ---------------------------------------------------------------
+    def produce(self, ctx: Context, job: RenderJob, attempt: Attempt) -> Produced:
+        before = rehash_sources(job)
+        out = _run_ffmpeg(ctx, job, attempt)
+        _classify(ctx, job, attempt, out)
+        unchanged_since(job, before)
+        return Produced(attempt.work / job.output.file, out.seconds)
+
+    def check(self, cfg: Config, job: RenderJob, candidate: Path, log: Path) -> ValidationReport:
+        return validate(candidate, job.output.container, job.output.expect, cfg, log)
+
+
+KIND = Render()
+
+
+#: What identifies one version of a source file: inode, size, mtime and ctime.
+Fingerprint = tuple[int, int, int, int]
+
+
+def rehash_sources(job: RenderJob) -> list[Fingerprint]:
+    """Re-hash every source before FFmpeg starts: the queue renders what was
+    accepted or nothing. Returns each source's fingerprint, taken before it was
+    hashed, for :func:`unchanged_since`."""
+    return [_rehash(src) for src in job.sources]
+
+
+def unchanged_since(job: RenderJob, before: list[Fingerprint]) -> None:
+    """After the render, before anything is published: every source must still be
+    the file that was hashed before it. A write during the render changes the
+    ctime (and usually mtime and size) even when it restores the bytes, and a
+    replacement changes the inode; the hash is taken again for what stat alone
+    cannot see (a filesystem with coarse or frozen times)."""
+    for src, fp in zip(job.sources, before, strict=True):
+        now_fp = _fingerprint(src)
+        if now_fp != fp:
+            raise _changed_during(src, f"stat changed ({_what_changed(fp, now_fp)})")
+        digest, _size = store.sha256_file(Path(src.path))
+        if digest != src.sha256:
+            raise _changed_during(src, f"sha256 is now {digest}")
+
+
+def _fingerprint(src: Source) -> Fingerprint:
+    try:
+        st = os.stat(src.path)
+    except OSError as exc:
+        raise _changed_during(src, f"it cannot be read ({exc.strerror})") from None
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _what_changed(a: Fingerprint, b: Fingerprint) -> str:
+    names = ("inode", "size", "mtime", "ctime")
+    return ", ".join(n for n, x, y in zip(names, a, b, strict=True) if x != y)
+
+
+def _changed_during(src: Source, how: str) -> Failed:
+    return Failed(
+        "render",
+        f"sources.{src.role}",
+        f"source changed during render: {src.path}: {how}",
+        expected=src.sha256,
+        actual=how,
+        next_action="Nothing was published. Restore the accepted file and spool retry the job, "
+        "or submit a new revision that uses the changed file (spool revise).",
+    )
+
+
+def _rehash(src: Source) -> Fingerprint:
+    try:
+        st = os.stat(src.path)
+        fp = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        digest, _size = store.sha256_file(Path(src.path))
+    except OSError as exc:
+        raise Failed(
+            "prepare",
+            f"sources.{src.role}",
+            f"source {src.path} cannot be read ({exc.strerror})",
+            expected=src.sha256,
+            actual="unreadable",
+            next_action="Restore the source file.",
+            retryable=True,
+        ) from None
+    if digest != src.sha256:
+        raise Failed(
+            "prepare",
+            f"sources.{src.role}.sha256",
+            "source changed since submission",
+            expected=src.sha256,
+            actual=digest,
+            next_action="Submit a new revision that uses the changed file (spool revise), "
+            "or restore the original.",
+        )
+    return fp
+
+
+def _run_ffmpeg(ctx: Context, job: RenderJob, attempt: Attempt) -> render.RenderOutcome:
+    """FFmpeg under the operator's limits, watched for stop, timeout and cancel."""
+    cmd = recipe.command(job.recipe, {s.role: s for s in job.sources}, job.output.file, ctx.cfg.render)
+    first = [True]
+
+    def on_progress(p: Progress) -> None:
+        if first[0] and not p.done and (attempt.work / job.output.file).exists():
+            first[0] = False
+            crashpoint("mid_render")  # FFmpeg has written part of the output
+
+    try:
+        return render.run(
+            cmd,
+            attempt,
+            ctx.cfg.limits,
+            stop=ctx.stop,
+            on_progress=on_progress,
+            cancelled=lambda: intent.cancel_requested(ctx.tree, job.job_id) is not None,
+        )
+    except FileNotFoundError as exc:
+        if exc.filename != cmd.argv[0]:
+            raise
+        raise Failed(
+            "render",
+            "ffmpeg",
+            f"{cmd.argv[0]} cannot be run ({exc.strerror})",
+            expected="an FFmpeg executable",
+            actual="not found",
+            next_action="Install FFmpeg or fix [render] ffmpeg in spool.toml on this host.",
+            fault="host",
+        ) from None
+
+
+def _classify(ctx: Context, job: RenderJob, attempt: Attempt, out: render.RenderOutcome) -> None:
+    """Turn how FFmpeg ended into a located failure, or return for a finished render."""
+    limits = ctx.cfg.limits
+    if out.stopped == "interrupted":
+        raise Interrupted()
+    if out.stopped == "cancelled":
+        intent.raise_if_cancelled(ctx.tree, job.job_id, attempt.n, ctx.worker)
+    if out.stopped == "timeout":
+        raise Failed(
+            "render",
+            "job_timeout",
+            f"the render ran longer than {limits.job_timeout:g} s",
+            expected=f"<= {limits.job_timeout:g} s",
+            actual=f"{out.seconds:g} s",
+            log_excerpt=out.log_tail[-6:],
+            next_action="Shorten the job or raise limits.job_timeout in spool.toml, then spool retry it.",
+            retryable=False,  # the same render would time out again
+        )
+    if out.returncode == -signal.SIGXFSZ:
+        raise Failed(
+            "render",
+            "output_size",
+            f"the output grew past limits.output_size ({limits.output_size})",
+            expected=f"<= {limits.output_size}",
+            actual="larger",
+            log_excerpt=out.log_tail[-4:],
+            next_action="Lower the quality or length in a new revision, or raise limits.output_size.",
+        )
+    if out.returncode != 0 and any("No space left on device" in line for line in out.log_tail):
+        drop_partial(attempt.work / job.output.file)
+        raise Failed(
+            "render",
+            "disk_space",
+            "the disk filled up while FFmpeg wrote the output (the partial output was removed)",
+            expected="free space",
+            actual="ENOSPC",
+            log_excerpt=out.log_tail[-4:],
+            next_action="Free space on the spool's disk (spool gc helps).",
+            retryable=True,
+        )
+    if out.returncode != 0:
+        output = attempt.work / job.output.file
+        wrote = output.exists() and output.stat().st_size > 0
+        fault, evidence = health.classify_exit(out.returncode, out.log_tail, wrote)
+        killed = out.returncode is not None and out.returncode < 0
+        raise Failed(
+            "render",
+            "ffmpeg_killed" if killed else "ffmpeg_exit_status",
+            f"FFmpeg was killed by signal {-(out.returncode or 0)}"
+            if killed
+            else f"FFmpeg exited with status {out.returncode}",
+            expected="exit status 0" if killed else 0,
+            actual=f"signal {-(out.returncode or 0)}" if killed else out.returncode,
+            log_excerpt=[f"host-class: {evidence}" if fault == "host" else evidence, *out.log_tail[-8:]],
+            next_action=(
+                "Check this host (memory, limits.memory, FFmpeg's build and fonts: spool logs JOB)."
+                if fault == "host"
+                else "Read the log (spool logs JOB); fix the recipe or sources in a new revision, "
+                "or spool retry if the cause was temporary."
+            ),
+            fault=fault,
+        )
+
+
+def drop_partial(path: Path) -> None:
+    """On a full disk, free what an attempt wrote: a partial output is of no use
+    to anyone, and the failure record still has to fit."""
+    try:
+        path.unlink()
+    except OSError:
+        pass

@@ -1,0 +1,44 @@
+"""Reading a record file that may be missing, half-replaced or written by another host.
+
+The one reader every part of spool uses for its own records (jobs, attempts,
+heartbeats, manifests): it never raises, and it rides out what NAS clients do
+while another host replaces a file.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from .model import decode
+from .tree import READ_RETRY_PAUSES, read_retrying
+
+
+def read(path: Path, typ: Any, *, replaced: bool = False) -> Any:
+    """A record of type ``typ`` (a Struct or a union of them), or ``None`` if the
+    file is missing or unreadable (never raises).
+
+    Records may be written by another host, and some are replaced while we read
+    (heartbeats, progress). Transient NAS errnos are retried (``read_retrying``),
+    and so is a read that decodes as truncated JSON: a FUSE client that cached
+    the old file's size can hand out a short read of the new one for a moment
+    (measured on sshfs: the next read is whole). ``replaced=True`` marks a file
+    that is rewritten in place, where a missing file is retried too: sshfs
+    answers ENOENT to a reader on the writer's own mount while it replaces it.
+    """
+    for pause in (*READ_RETRY_PAUSES, None):
+        try:
+            return decode(read_retrying(path), typ)
+        except FileNotFoundError:
+            if pause is None or not replaced:
+                return None
+        except OSError:
+            return None
+        except msgspec.DecodeError as exc:
+            if pause is None or "truncated" not in str(exc):
+                return None
+        time.sleep(pause)
+    return None

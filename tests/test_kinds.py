@@ -1,0 +1,117 @@
+"""The seam for job kinds: one registry, one tagged job record, resource pools.
+
+Nothing outside ``spool/kinds/`` branches on a job's ``operation``; a job file
+of any kind decodes to that kind's record; each kind's attempt draws from the
+pool it names, and a daemon reports every pool it fills.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import msgspec
+import pytest
+from conftest import TAGS, minimal, run_cli, wait_for, write_json
+
+from spool import accept, kinds, pools
+from spool.config import Config
+from spool.errors import InvalidInput
+from spool.kinds import KINDS, NoopJob, RenderJob, decode_job
+from spool.model import WorkerRecord, encode
+from spool.pools import Pools
+from spool.tree import HOST, Tree
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_nothing_outside_the_kinds_registry_branches_on_operation():
+    offenders = []
+    for folder in ("spool", "spoold"):
+        for path in (ROOT / folder).rglob("*.py"):
+            if "kinds" in path.relative_to(ROOT).parts:
+                continue
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                if re.search(r"operation\s*(==|!=|in\b)", line):
+                    offenders.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert offenders == []
+
+
+def test_every_kind_names_itself_and_its_record():
+    for name, kind in KINDS.items():
+        assert kind.name == name
+        assert kind.job_type.__struct_config__.tag == name
+
+
+def _noop_cfg(cfg: Config) -> Config:
+    return msgspec.structs.replace(cfg, acceptance=msgspec.structs.replace(cfg.acceptance, allow_noop=True))
+
+
+def test_a_job_file_decodes_to_its_kind(tree: Tree, cfg: Config, assets: Path):
+    render_job = accept.build_job(
+        tree, cfg, accept.parse_submission(json.dumps(minimal(assets)).encode(), cfg), "t"
+    )
+    noop_sub = accept.parse_submission(
+        json.dumps({"name": "n", "operation": "noop", "tags": TAGS}).encode(), cfg
+    )
+    noop_job = accept.build_job(tree, _noop_cfg(cfg), noop_sub, "t")
+    for job, typ in ((render_job, RenderJob), (noop_job, NoopJob)):
+        back = decode_job(encode(job))
+        assert type(back) is typ and back == job
+        assert json.loads(encode(job))["operation"] == typ.__struct_config__.tag
+        # The hash the claim checks is the kind's hash of its own spec.
+        assert kinds.of(back).spec_hash(back) == job.recipe_hash
+
+
+def test_noop_job_files_written_before_the_seam_still_decode():
+    """Files of the earlier format carried "recipe": null; unknown fields are ignored."""
+    old = {
+        "format": 1, "job_id": "n@1", "name": "n", "revision": 1, "supersedes": None,
+        "operation": "noop", "recipe": None,
+        "recipe_hash": "74234e98afe7498fb5daf1f36ac2d78acc339464f950703b8c019892f982b90b",
+        "sources": [], "output": {"file": "n.txt", "container": "txt", "expect": {}},
+        "tags": {}, "priority": 0, "submitted_at": "2026-01-01T00:00:00Z", "submitted_by": "t",
+    }  # fmt: skip
+    job = decode_job(json.dumps(old).encode())
+    assert isinstance(job, NoopJob) and kinds.of(job).spec_hash(job) == old["recipe_hash"]
+
+
+def test_an_unknown_operation_is_rejected_naming_the_field(tree: Tree, cfg: Config):
+    sub = accept.parse_submission(
+        json.dumps({"name": "x", "operation": "upscale", "tags": TAGS}).encode(), cfg
+    )
+    with pytest.raises(InvalidInput) as exc:
+        accept.build_job(tree, cfg, sub, "t")
+    assert exc.value.field == "operation" and "noop, render" in str(exc.value)
+
+
+def test_a_full_pool_does_not_block_another():
+    p = Pools({"render": 1, "provider:sim": 2})
+    p.take("a@1", "render")
+    assert not p.has_room("render") and p.has_room("provider:sim") and not p.full()
+    p.take("b@1", "provider:sim")
+    p.take("c@1", "provider:sim")
+    assert p.full()
+    p.give_back("a@1")
+    assert p.has_room("render") and p.usage()["render"].active == 0
+    assert p.usage()["provider:sim"].active == 2
+    assert not p.has_room("nowhere")  # a pool nobody sized has no room
+
+
+def test_render_work_draws_from_the_render_pool_sized_by_max_active(cfg: Config):
+    assert pools.capacities(cfg) == {"render": cfg.limits.max_active}
+    for kind in KINDS.values():
+        assert kind.pool(b"{}") == pools.RENDER
+
+
+def test_the_daemon_reports_each_pool_in_its_heartbeat(tree: Tree, assets: Path, daemons):
+    write_json(tree.incoming / "a.json", minimal(assets, name="a"))
+    d = daemons(tree, "w1", drain=True)
+    assert d.wait() == 0
+    rec = msgspec.json.decode(tree.worker_file(f"{HOST}-w1").read_bytes(), type=WorkerRecord)
+    assert rec.pools["render"].capacity == rec.max_active
+    status = json.loads(run_cli("status", "--json", spool=tree, check=True).stdout)
+    (w,) = [w for w in status["workers"] if w["worker"] == f"{HOST}-w1"]
+    assert w["pools"]["render"]["capacity"] == rec.max_active
+    wait_for(lambda: (tree.complete / "a@1.json").exists(), timeout=5)
