@@ -11,6 +11,7 @@ import time
 
 from conftest import SPOOL, minimal, run_cli, write_json
 from libhelp import allow_noop, noop_sub, publish, tags_for
+from test_nas import nas  # noqa: F401  (the two-mount fixture)
 
 from spool import accept, library, store
 
@@ -260,3 +261,25 @@ def test_status_page_searches_the_library_and_shows_tags_as_text(tree, assets, d
             b.close()
     finally:
         server.stop()
+
+
+def test_two_mounts_publishing_revisions_1_to_5_in_random_order_end_with_5_current(nas, daemons):  # noqa: F811
+    """Two daemons, each on its own sshfs mount of one export (tools/multimount)."""
+    server, a, b = nas.spool("library")
+    cfg = allow_noop(server)
+    order = [1, 2, 3, 4, 5]
+    random.Random(11).shuffle(order)
+    for rev in order:
+        accept.accept_bytes(server, cfg, noop_sub("spot", rev), "t")
+    da = daemons(a, "lib-a", drain=True, log=nas.export.parent / "spoold-lib-a.log")
+    db = daemons(b, "lib-b", drain=True, log=nas.export.parent / "spoold-lib-b.log")
+    assert da.wait(timeout=300) == 0, da.output()
+    assert db.wait(timeout=300) == 0, db.output()
+    for view in (server, a, b):
+        assert library.current_revision(view, "spot") == 5
+    [hit] = library.search(b, cfg, library.parse_terms(["campaign=c0"])).results
+    assert hit.job == "spot@5" and store.sha256_file(b.root / hit.path)[0] == hit.sha256
+    assert [
+        h.revision
+        for h in library.search(a, cfg, library.parse_terms(["campaign=c0"]), all_versions=True).results
+    ] == [1, 2, 3, 4, 5]
