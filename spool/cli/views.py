@@ -91,6 +91,14 @@ def status_view(ov: dict[str, Any]) -> Group:
             word = "oldest" if state != "running" else "longest"
             counts.append(f" ({word} {human_seconds(ages[state])})", style="dim")
     parts.append(counts)
+    if lib := ov.get("library"):  # the asset library (SPEC 9)
+        parts.append(
+            Text(
+                f"  library: {lib['assets']:,} assets, {lib['enriched_objects']:,} enriched, "
+                f"~{lib['enrichment_backlog']:,} awaiting enrichment",
+                style="dim",
+            )
+        )
 
     if ov["running"]:
         parts.append(Text("\nRunning", style="bold"))
