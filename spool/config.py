@@ -129,6 +129,16 @@ class Render(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     threads: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
+class Layers(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Where text and logos may sit (spool.layers): a fraction of the frame kept
+    centred (0.9 = 90 % title-safe) or a preset name such as ``"social"``."""
+
+    safe_area: (
+        Annotated[float, msgspec.Meta(ge=0.5, le=1.0)]
+        | Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9-]{0,31}$")]
+    ) = 0.9
+
+
 class Observe(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """How the queue is watched: metrics files, the status page, thumbnails."""
 
@@ -191,6 +201,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     observe: Observe = msgspec.field(default_factory=Observe)
     filesystem: Filesystem = msgspec.field(default_factory=Filesystem)
     library: Library = msgspec.field(default_factory=Library)
+    layers: Layers = msgspec.field(default_factory=Layers)
 
     def asset_roots(self, spool_root: Path) -> list[Path]:
         """Asset roots as absolute, symlink-resolved folders."""
@@ -318,6 +329,12 @@ publish = "auto"           # auto | link | copy: hard-link outputs into store/, 
 # --visibility). A discovery filter that fails closed, not access control:
 # filesystem permissions on the spool are.
 visible = ["public", "internal"]
+
+[layers]
+# Text and logos must sit inside the safe area, or the job is rejected at submit
+# (README "Required layers"). A fraction kept centred (0.9 = 90 % title-safe) or a
+# preset: title-safe, action-safe, social (picks social-9x16 / -4x5 / -1x1 / -16x9 by aspect).
+safe_area = 0.9
 """
 
 

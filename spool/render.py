@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 from .attempt import Attempt
 from .config import Limits
+from .ffcommand import Command
 from .model import Progress, now
-from .recipe import Command
 from .secrets import child_env, redact_bytes
 
 _PR_SET_PDEATHSIG = 1

@@ -21,7 +21,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from . import probe
+from . import ffcommand, probe
 from .config import Config
 from .model import Manifest
 from .tree import Tree, make_dirs, write_atomic
@@ -84,7 +84,7 @@ def grab(source: Path, at: float, width: int, ffmpeg: str = "ffmpeg") -> bytes:
         "-frames:v",
         "1",
         "-vf",
-        f"scale={width}:-2",
+        ffcommand.thumbnail_filter(width),
         "-q:v",
         "5",
         "-f",

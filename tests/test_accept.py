@@ -931,8 +931,12 @@ def test_accepted_job_is_frozen_with_everything_spec_2_lists(tree, assets, tmp_p
     assert [s["op"] for s in raw["recipe"]["steps"]] == [s["op"] for s in sub["recipe"]["steps"]]
     assert raw["recipe"]["steps"][3]["text"] == "Only £9.99"
     assert raw["recipe"]["steps"][1]["width"] == 192
-    assert raw["recipe_hash"] == hashlib.sha256(canonical_json(job.recipe)).hexdigest()
-    independent = json.dumps(raw["recipe"], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    # With layers (the label, the logo), the hash covers the recipe and the frozen layer
+    # plan together: an edit to either is caught at claim.
+    assert raw["layers"]
+    spec = {"recipe": raw["recipe"], "layers": raw["layers"]}
+    assert raw["recipe_hash"] == hashlib.sha256(canonical_json(spec)).hexdigest()
+    independent = json.dumps(spec, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     assert raw["recipe_hash"] == hashlib.sha256(independent.encode()).hexdigest()
     # the sources manifest
     by_role = {s["role"]: s for s in raw["sources"]}
