@@ -17,6 +17,7 @@ from libhelp import allow_noop, noop_sub, publish, tags_for
 
 from spool import accept, config, index, library
 from spool.index import decode_value, encode_value
+from spool.model import Manifest, decode
 
 VALUES = [
     "en-GB",
@@ -55,6 +56,12 @@ def test_publish_writes_one_entry_per_required_tag_and_a_version_record(tree):
     m = json.loads(tree.manifest_file(jid).read_text())
     assert rec["sha256"] == m["output"]["sha256"] and rec["store_path"] == m["output"]["store_path"]
     assert index.check(tree, cfg.acceptance.required_tags, repair=False) == []
+    # Idempotent: a second call (recovery, fsck) changes nothing.
+    before = sorted((p, p.stat().st_mtime_ns) for p in (tree.root / "index").rglob("*"))
+    index.index_job(
+        tree, decode(tree.manifest_file(jid).read_bytes(), Manifest), cfg.acceptance.required_tags
+    )
+    assert sorted((p, p.stat().st_mtime_ns) for p in (tree.root / "index").rglob("*")) == before
 
 
 @pytest.mark.parametrize("point", ["after_manifest", "mid_index", "after_index"])

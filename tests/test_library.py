@@ -126,6 +126,16 @@ def test_get_is_not_ready_while_pending_and_unknown_is_4(tree):
         assert run_cli("get", ref, spool=tree).returncode == 4
 
 
+def test_get_of_a_complete_job_that_is_not_indexed_is_not_ready(tree):
+    cfg = allow_noop(tree)
+    jid = publish(tree, cfg, noop_sub("spot"))
+    (tree.root / "library" / "spot" / "1").unlink()  # as a spool from before the library
+    res = run_cli("get", jid, spool=tree)
+    assert res.returncode == 3 and "not yet indexed" in res.stderr
+    assert run_cli("index", "--rebuild", spool=tree).returncode == 0
+    assert run_cli("get", jid, spool=tree).returncode == 0
+
+
 def test_get_keeps_working_during_enrichment(tree, cfg, assets):
     publish(tree, cfg, minimal(assets, name="mug", steps=[{"op": "encode", "preset": "ultrafast"}]))
     expected = run_cli("get", "mug", spool=tree, check=True).stdout.strip()
