@@ -6,19 +6,18 @@ import json
 import threading
 from typing import Any
 
-from spool import accept, claim, config, execute
+from spool import accept, claim, config, execute, settings
 from spool.context import Context
 from spool.events import Journal
 from spool.tree import Tree
 
 
-def allow_noop(tree: Tree, **replace: str) -> config.Config:
-    """Turn on noop jobs (and apply other text replacements) in the spool's config."""
-    text = tree.config_file.read_text().replace("allow_noop = false", "allow_noop = true")
-    for old, new in replace.items():
-        text = text.replace(old, new)
-    tree.config_file.write_text(text)
-    return config.load(tree.config_file)
+def allow_noop(tree: Tree, **sections: dict[str, Any]) -> config.Config:
+    """Turn on noop jobs (plus any other typed settings) in the spool's config."""
+    over: dict[str, dict[str, Any]] = {"acceptance": {"allow_noop": True}}
+    for name, kv in sections.items():
+        over.setdefault(name, {}).update(kv)
+    return settings.write(tree.config_file, over)
 
 
 def tags_for(i: int, **over: str) -> dict[str, str]:

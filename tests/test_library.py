@@ -80,7 +80,7 @@ def test_visibility_fails_closed_and_widens_on_request(tree):
     ]
     assert search(tree, "visibility=private")["results"] == []  # asking for it is not enough
     # An asset without any visibility tag is never listed.
-    cfg = allow_noop(tree, **{'"asset_type", "visibility"]': '"asset_type"]'})
+    cfg = allow_noop(tree, acceptance={"required_tags": ["campaign", "locale", "asset_type"]})
     publish(tree, cfg, noop_sub("bare", tags={"campaign": "c0", "locale": "en-GB", "asset_type": "ad"}))
     assert "bare@1" not in {
         h["job"] for h in search(tree, "campaign=c0", "--visibility", "private")["results"]
