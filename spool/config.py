@@ -186,6 +186,14 @@ class Filesystem(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     publish: Literal["auto", "link", "copy"] = "auto"
 
 
+class Library(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The asset library (SPEC section 9)."""
+
+    #: Visibility values search lists without --visibility: a discovery filter that
+    #: fails closed (filesystem permissions are the real access control).
+    visible: list[str] = msgspec.field(default_factory=lambda: ["public", "internal"])
+
+
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     assets: Assets = msgspec.field(default_factory=Assets)
     limits: Limits = msgspec.field(default_factory=Limits)
@@ -199,6 +207,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     render: Render = msgspec.field(default_factory=Render)
     observe: Observe = msgspec.field(default_factory=Observe)
     filesystem: Filesystem = msgspec.field(default_factory=Filesystem)
+    library: Library = msgspec.field(default_factory=Library)
     layers: Layers = msgspec.field(default_factory=Layers)
     #: ``[providers.<name>]`` tables (docs/providers.md): raw here, each checked
     #: into a ``ProviderConfig`` by :func:`parse` (read them via :attr:`provider_configs`).
@@ -409,6 +418,12 @@ thumbnail_width = 320      # poster-frame JPEG width made after publish (thumbs/
 # What the spool's filesystem can do decides two strategies; `spool doctor` shows
 # what it measured and chose. Pin them here if you know better.
 publish = "auto"           # auto | link | copy: hard-link outputs into store/, or copy + re-hash
+
+[library]
+# spool search lists only assets whose visibility tag is one of these (widen with
+# --visibility). A discovery filter that fails closed, not access control:
+# filesystem permissions on the spool are.
+visible = ["public", "internal"]
 
 [layers]
 # Text and logos must sit inside the safe area, or the job is rejected at submit

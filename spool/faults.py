@@ -21,6 +21,8 @@ POINTS = (
     "after_store_link",
     "after_result",
     "after_manifest",
+    "mid_index",
+    "after_index",
     "before_complete_rename",
 )
 

@@ -594,7 +594,14 @@ def overview(
         "rejected": rejected,
         "workers": workers,
         "recent": recent_outputs(tree, recent),
+        "library": _library_stats(tree),
     }
+
+
+def _library_stats(tree: Tree) -> dict[str, Any]:
+    from .library import stats  # the asset library (SPEC 9)
+
+    return stats(tree)
 
 
 def approvals(tree: Tree, job_id: str, current_sha256: str | None = None) -> list[dict[str, Any]]:

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from . import kinds, liveness, quarantine, retry, store
+from . import index, kinds, liveness, quarantine, retry, store
 from .attempt import open_attempt, write_failure
 from .context import Context
 from .errors import LostOwnership
@@ -314,6 +314,9 @@ def _apply(
 ) -> str:
     tree, jid = ctx.tree, job.job_id
     if decision == "published":
+        published = read(tree.manifest_file(jid), Manifest)
+        assert published is not None  # decided "published": it exists and verifies
+        index.index_job(tree, published, ctx.cfg.acceptance.required_tags)
         _move(ctx, jid, "complete")
         return "complete"
     if decision == "staged":
@@ -321,7 +324,8 @@ def _apply(
         assert staged is not None
         # No verified manifest for this recipe exists (else the decision were
         # "published"): the one publish rule installs the verified staged result.
-        install_manifest(tree, staged)
+        installed = install_manifest(tree, staged)
+        index.index_job(tree, installed, ctx.cfg.acceptance.required_tags)
         _move(ctx, jid, "complete")
         return "complete"
     if decision == "recorded-failure":

@@ -1,7 +1,8 @@
 """tools/bench: spool side by side with the queues people would pick instead, and
 with the machine's limits (issue 7). Run it through ``tools/bench``.
 
-    tools/bench [all|dispatch|latency|render|publish|scale|nas] [--quick|--smoke] [--json FILE] [--markdown]
+    tools/bench [all|dispatch|latency|render|publish|scale|library|nas]
+                [--quick|--smoke] [--json FILE] [--markdown]
 
 Prints ONE table: each measure, spool's figure, a peer's figure (or the
 machine's floor), their ratio and the target, met or missed. Every figure is
@@ -29,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import common
 from benchlib.common import Row, log, notes, rows_json, table
 
-MEASURES = ("dispatch", "latency", "render", "publish", "scale")
+MEASURES = ("dispatch", "latency", "render", "publish", "scale", "library")
 #: Measures run only when named: ``nas`` needs root and FUSE (tools/multimount).
 EXTRA = ("nas",)
 
@@ -60,6 +61,10 @@ def run_measure(name: str, mode: str) -> tuple[list[Row], list[str]]:
         from benchlib import nas
 
         return nas.run(mode)
+    if name == "library":
+        from benchlib import library
+
+        return library.run(mode)
     raise ValueError(name)
 
 

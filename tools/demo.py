@@ -194,6 +194,13 @@ def main() -> int:
         data = json.loads(m.read_text())
         out = data["output"]
         print(f"  {m.name}: {out['store_path']} ({out['size']} bytes, sha256 {out['sha256'][:16]}...)")
+    # The asset library: find the ads by their tags, then fetch one, verified.
+    print(flush=True)
+    sh(str(BIN / "spool"), "search", "campaign=morning-mug", "asset_type=ad")
+    downloads = DEMO / "downloads"
+    shutil.rmtree(downloads, ignore_errors=True)
+    downloads.mkdir()
+    sh(str(BIN / "spool"), "get", "mug-ad-16x9", "--to", str(downloads))
     print(f"\ndemo finished in {time.monotonic() - started:.1f} s; look around with: ls -R {spool}")
     complete = len(list((spool / "complete").glob("*.json")))
     return 0 if complete == len(variants) + 1 else 1

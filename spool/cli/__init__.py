@@ -22,6 +22,7 @@ from . import queue  # noqa: F401  # isort: skip
 from . import observe  # noqa: F401  # isort: skip
 from . import intent  # noqa: F401  # isort: skip
 from . import repair  # noqa: F401  # isort: skip
+from . import library  # noqa: F401  # isort: skip
 from . import doctor  # noqa: F401  # isort: skip
 from . import worker  # noqa: F401  # isort: skip
 from .common import app, guard_output

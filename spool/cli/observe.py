@@ -104,13 +104,17 @@ def ls_cmd(
 
 @app.command()
 def show(
-    job: Annotated[str, typer.Argument(help="Job ID (name@revision).")],
+    job: Annotated[str, typer.Argument(help="Job ID (name@revision), or an asset name for its versions.")],
     spool: SpoolOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """One job: its timeline, attempts, failure, manifest and approvals."""
     try:
         tree = open_tree(spool)
+        if "@" not in job:  # an asset name: its versions (the library, SPEC 9)
+            from .library import show_asset
+
+            return show_asset(tree, job, as_json)
         info = overview.job_detail(tree, job)
         if info is None:
             raise NotFound(f"no job {job} in {tree.root}")

@@ -111,6 +111,14 @@ def status_view(ov: dict[str, Any]) -> Group:
         elif n and state == "pending" and ov.get("oldest_pending_age_source") == "unknown":
             counts.append(" (age unknown: no live worker; --exact to stat all)", style="dim")
     parts.append(counts)
+    if lib := ov.get("library"):  # the asset library (SPEC 9)
+        parts.append(
+            Text(
+                f"  library: {lib['assets']:,} assets, {lib['enriched_objects']:,} enriched, "
+                f"~{lib['enrichment_backlog']:,} awaiting enrichment",
+                style="dim",
+            )
+        )
 
     if ov["running"]:
         parts.append(Text("\nRunning", style="bold"))
