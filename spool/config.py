@@ -264,6 +264,9 @@ def changed_keys(old: Config, new: Config) -> list[str]:
     out = []
     for section in Config.__struct_fields__:
         a, b = getattr(old, section), getattr(new, section)
+        if not isinstance(a, msgspec.Struct):  # a table of tables ([providers.<name>])
+            out += [f"{section}.{k}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+            continue
         for key in type(a).__struct_fields__:
             if getattr(a, key) != getattr(b, key):
                 out.append(f"{section}.{key}")

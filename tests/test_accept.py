@@ -257,7 +257,7 @@ CASES: list[Case] = [
     Case("bad_name_slash", "name", lambda c: c.mini(name="mug/../ad")),
     Case("name_too_long", "name", lambda c: c.mini(name="a" * 97)),
     Case("revision_zero", "revision", lambda c: c.mini(revision=0)),
-    Case("unsupported_operation", "operation", lambda c: c.mini(operation="generate"), ("render",)),
+    Case("unsupported_operation", "operation", lambda c: c.mini(operation="upscale"), ("render",)),
     Case("submitted_by_with_space", "submitted_by", lambda c: c.mini(submitted_by="ann smith")),
     Case("output_not_object", "output", lambda c: c.mini(output="mug.mp4")),
     # -- recipe vocabulary ----------------------------------------------------------------

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Protocol
 import msgspec
 
 from .. import generation, intent, spending, store
+from ..decoding import convert
 from ..errors import Failed, Interrupted, InvalidInput
 from ..faults import crashpoint
 from ..model import JobBase, Output, Record, ValidationReport, now
@@ -117,9 +118,11 @@ class Generate(Kind[GenerateJob]):
             return pool_name("")  # no such pool: never claimed; claiming judges the file anyway
 
     def freeze(self, tree: Tree, cfg: Config, sub: Submission, common: dict[str, Any]) -> GenerateJob:
-        spec = sub.generate
-        if spec is None:
+        if sub.generate is None:
             raise InvalidInput("generate", "is required but missing (provider, model and input)")
+        # The submission carries it untyped (acceptance knows no kind's spec); the kind
+        # checks it here, every problem named by its field (generate.model, ...).
+        spec = convert(sub.generate, GenerateSpec, prefix="generate")
         if sub.recipe is not None:
             raise InvalidInput("recipe", "a generate job takes none (generate.input is its spec); remove it")
         if sub.sources:
