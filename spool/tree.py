@@ -22,8 +22,6 @@ from __future__ import annotations
 import errno
 import os
 import re
-import secrets
-import socket
 import stat
 import time
 from collections.abc import Iterator
@@ -111,7 +109,7 @@ def read_regular(path: Path) -> bytes:
 
 def host_name() -> str:
     """The short host name, made safe to use inside file names."""
-    raw = socket.gethostname().split(".")[0] or "host"
+    raw = os.uname().nodename.split(".")[0] or "host"  # = socket.gethostname(), without its import
     return "".join(c if c.isalnum() or c in "-_" else "-" for c in raw)
 
 
@@ -129,7 +127,7 @@ def boot_id() -> str:
 
 def temp_name(final_name: str) -> str:
     """A hidden name for a file being written, unique across hosts and processes."""
-    return f".{final_name}.{HOST}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    return f".{final_name}.{HOST}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
 
 
 _TEMP = re.compile(r"^\.(?P<final>.+)\.(?P<host>[A-Za-z0-9_-]+)\.(?P<pid>\d+)\.[0-9a-f]{8}(?:\.tmp)?$")

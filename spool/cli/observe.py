@@ -12,19 +12,23 @@ import select
 import stat
 import sys
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 
 from .. import eventlog, overview, status
 from ..errors import InvalidInput, NotFound, NotReady, SpoolError
-from . import views
+from . import fast, views
 from .common import JsonOpt, SpoolOpt, app, fail, open_spool, open_tree, print_json, unsecret
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def _console() -> Console:
     """Styles on a terminal; plain, unwrapped lines in a pipe or file."""
+    from rich.console import Console
+
     if sys.stdout.isatty():
         return Console(highlight=False)
     return Console(highlight=False, width=1000, no_color=True, soft_wrap=True)
@@ -33,12 +37,11 @@ def _console() -> Console:
 @app.command("status")
 def status_cmd(spool: SpoolOpt = None, as_json: JsonOpt = False) -> None:
     """What is waiting, what is running, what needs attention, and the workers."""
-    tree, cfg = open_spool(spool, as_json)
-    ov = overview.overview(tree, cfg)
     if as_json:
-        print_json(ov)
+        fast.status_json(spool)
         return
-    _console().print(views.status_view(unsecret(ov)))
+    tree, cfg = open_spool(spool, as_json)
+    _console().print(views.status_view(unsecret(overview.overview(tree, cfg))))
 
 
 @app.command()
@@ -49,6 +52,7 @@ def watch(
     spool: SpoolOpt = None,
 ) -> None:
     """`spool status`, redrawn live from the filesystem until Ctrl-C."""
+    from rich.console import Console
     from rich.live import Live
 
     tree, cfg = open_spool(spool, False)
@@ -71,24 +75,7 @@ def ls_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """List job IDs (with their state and, when running, their worker)."""
-    states = ["pending", "held", "running", "complete", "failed", "rejected"]
-    try:
-        tree = open_tree(spool)
-        if state is not None and state not in states:
-            raise InvalidInput("STATE", f"{state!r} is not one of {', '.join(states)}")
-    except SpoolError as exc:
-        raise fail(exc, as_json) from None
-    rows = [
-        {"job_id": jid, "state": s, "worker": w}
-        for s in ([state] if state else states)
-        for jid, w in sorted(status.job_ids(tree, s))
-    ]
-    if as_json:
-        print_json(rows)
-        return
-    out = sys.stdout
-    for r in rows:
-        out.write(f"{r['state']:<9} {r['job_id']}" + (f"  {r['worker']}" if r["worker"] else "") + "\n")
+    fast.ls(state, spool, as_json)
 
 
 @app.command()
@@ -98,17 +85,10 @@ def show(
     as_json: JsonOpt = False,
 ) -> None:
     """One job: its timeline, attempts, failure, manifest and approvals."""
-    try:
-        tree = open_tree(spool)
-        info = overview.job_detail(tree, job)
-        if info is None:
-            raise NotFound(f"no job {job} in {tree.root}")
-    except SpoolError as exc:
-        raise fail(exc, as_json) from None
     if as_json:
-        print_json(info)
+        fast.show_json(job, spool)
         return
-    _console().print(views.show_view(unsecret(info)))
+    _console().print(views.show_view(unsecret(fast.job_info(job, spool, as_json))))
 
 
 @app.command()

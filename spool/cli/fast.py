@@ -1,0 +1,225 @@
+"""The commands scripts call in loops, run without typer or rich.
+
+``spool status --json``, ``spool ls [STATE] [--json]``, ``spool show JOB
+--json`` and ``spool submit FILE... [--json]`` are what a render farm's glue
+calls once per job or once a second. Building the typer app (and importing
+click and rich behind it) costs more than the command itself, so
+:func:`parse` recognises exactly these shapes of the command line and
+:func:`spool.cli.main` runs them straight away. Anything else (``--help``, an
+unknown or misspelt option, a missing argument, human ``status``/``show``,
+which rich lays out) goes to the typer app, which prints the usual help and
+errors.
+
+The typer commands call the same functions below, so both paths print the
+same bytes and exit with the same codes: the fast path is only a shorter way
+in, never a second implementation.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from ..errors import EXIT_INVALID, InvalidInput, NotFound, SpoolError
+from .plain import before_command, echo, fail, open_spool, open_tree, print_json
+
+#: What ``spool ls`` lists, in its order.
+LS_STATES = ("pending", "held", "running", "complete", "failed", "rejected")
+
+
+# -- the commands -----------------------------------------------------------------------
+
+
+def status_json(spool: Path | None) -> None:
+    """``spool status --json``: the overview every status view is drawn from."""
+    from .. import overview
+
+    tree, cfg = open_spool(spool, True)
+    print_json(overview.overview(tree, cfg))
+
+
+def ls(state: str | None, spool: Path | None, as_json: bool) -> None:
+    """``spool ls``: job IDs by listing the state folders (no job file is read)."""
+    from .. import status
+
+    try:
+        tree = open_tree(spool)
+        if state is not None and state not in LS_STATES:
+            raise InvalidInput("STATE", f"{state!r} is not one of {', '.join(LS_STATES)}")
+    except SpoolError as exc:
+        raise fail(exc, as_json) from None
+    rows = [
+        {"job_id": jid, "state": s, "worker": w}
+        for s in ([state] if state else LS_STATES)
+        for jid, w in sorted(status.job_ids(tree, s))
+    ]
+    if as_json:
+        print_json(rows)
+        return
+    import sys
+
+    out = sys.stdout
+    for r in rows:
+        out.write(f"{r['state']:<9} {r['job_id']}" + (f"  {r['worker']}" if r["worker"] else "") + "\n")
+
+
+def job_info(job: str, spool: Path | None, as_json: bool) -> dict[str, Any]:
+    """What ``spool show JOB`` shows, or the command ends with exit 4."""
+    from .. import overview
+
+    try:
+        tree = open_tree(spool)
+        info = overview.job_detail(tree, job)
+        if info is None:
+            raise NotFound(f"no job {job} in {tree.root}")
+    except SpoolError as exc:
+        raise fail(exc, as_json) from None
+    return info
+
+
+def show_json(job: str, spool: Path | None) -> None:
+    """``spool show JOB --json``."""
+    print_json(job_info(job, spool, True))
+
+
+def submit(files: list[Path], spool: Path | None, as_json: bool) -> None:
+    """``spool submit``: accept or reject each file; ends with the first failure's code."""
+    import getpass
+
+    from .. import accept
+    from ..events import Journal, cli_writer
+
+    tree, cfg = open_spool(spool, as_json)
+    journal = Journal(tree, cli_writer())
+    user = getpass.getuser()
+    results: list[dict[str, Any]] = []
+    code = 0
+    for f in files:
+        local = unreadable(f)
+        if local is not None:
+            code = code or local.exit_code
+            results.append(
+                {"file": str(f), "job_id": None, "error": str(local), "field": "FILES", "rejected": None}
+            )
+            if not as_json:
+                echo(f"spool: {local}", err=True)
+            continue
+        outcome = accept.submit_file(tree, cfg, f, journal, user)
+        if isinstance(outcome, accept.Accepted):
+            results.append({"file": str(f), "job_id": outcome.job.job_id, "error": None})
+            if not as_json:
+                echo(outcome.job.job_id)
+        else:
+            code = code or EXIT_INVALID
+            results.append(
+                {
+                    "file": str(f),
+                    "job_id": None,
+                    "error": str(outcome.error),
+                    "field": outcome.error.field,
+                    "rejected": tree.relative(outcome.path),
+                }
+            )
+            if not as_json:
+                echo(f"{f}: rejected: {outcome.error}", err=True)
+    if as_json:
+        print_json(results)
+    if code:
+        raise SystemExit(code)
+
+
+def unreadable(path: Path) -> SpoolError | None:
+    """Why the submitter's own file cannot be submitted at all, if it cannot."""
+    import stat
+
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return NotFound(f"{path}: no such file")
+    except OSError as exc:
+        return InvalidInput(str(path), f"cannot be read ({exc.strerror})")
+    if stat.S_ISDIR(st.st_mode):
+        return InvalidInput(str(path), "is a folder, not a submission file")
+    if not stat.S_ISREG(st.st_mode):
+        return InvalidInput(str(path), "is not a regular file (a FIFO, socket or device)")
+    if not os.access(path, os.R_OK):
+        return InvalidInput(str(path), "cannot be read (permission denied)")
+    return None
+
+
+# -- the command line -------------------------------------------------------------------
+
+
+def _click_accepts(value: str) -> bool:
+    """Whether typer would take ``value`` as a ``Path`` without a usage error: an
+    existing path must be readable (click.Path's default check); anything odd
+    (empty, undecodable bytes) is left to typer."""
+    if not value or value.startswith("-"):
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    try:
+        os.stat(value)
+    except OSError:
+        return True
+    except ValueError:  # a NUL byte
+        return False
+    return os.access(value, os.R_OK)
+
+
+def parse(argv: list[str]) -> Callable[[], None] | None:
+    """The fast command ``argv`` asks for, ready to run, or ``None`` to let typer
+    handle it (help, usage errors, human output that rich lays out)."""
+    spool_before: str | None = None
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):  # options before the command: only --spool
+        arg = argv[i]
+        if arg == "--spool" and i + 1 < len(argv) and spool_before is None:
+            spool_before, i = argv[i + 1], i + 2
+        elif arg.startswith("--spool=") and spool_before is None:
+            spool_before, i = arg.removeprefix("--spool="), i + 1
+        else:
+            return None
+    if i >= len(argv):
+        return None
+    command, rest = argv[i], argv[i + 1 :]
+    args: list[str] = []
+    as_json = False
+    spool: str | None = None
+    j = 0
+    while j < len(rest):
+        arg = rest[j]
+        if arg == "--json":
+            as_json = True
+        elif arg == "--spool" and j + 1 < len(rest) and spool is None:
+            spool = rest[j + 1]
+            j += 1
+        elif arg.startswith("--spool=") and spool is None:
+            spool = arg.removeprefix("--spool=")
+        elif arg.startswith("-"):
+            return None  # --help, --, an option of another command, a typo: typer says what
+        else:
+            args.append(arg)
+        j += 1
+    for value in (spool_before, spool):
+        if value is not None and not _click_accepts(value):
+            return None
+    if any("\x00" in a for a in args):
+        return None
+    before_command["spool"] = Path(spool_before) if spool_before is not None else None
+    where = Path(spool) if spool is not None else None
+    if command == "status" and as_json and not args:
+        return partial(status_json, where)
+    if command == "ls" and len(args) <= 1:
+        return partial(ls, args[0] if args else None, where, as_json)
+    if command == "show" and as_json and len(args) == 1:
+        return partial(show_json, args[0], where)
+    if command == "submit" and args and all(_click_accepts(a) for a in args):
+        return partial(submit, [Path(a) for a in args], where, as_json)
+    before_command["spool"] = None
+    return None
