@@ -1,7 +1,8 @@
 """tools/bench: spool side by side with the queues people would pick instead, and
 with the machine's limits (issue 7). Run it through ``tools/bench``.
 
-    tools/bench [all|dispatch|latency|render|publish|scale] [--quick|--smoke] [--json FILE] [--markdown]
+    tools/bench [all|dispatch|latency|render|publish|scale|syscalls] [--quick|--smoke]
+                [--json FILE] [--markdown]
 
 Prints ONE table: each measure, spool's figure, a peer's figure (or the
 machine's floor), their ratio and the target, met or missed. Every figure is
@@ -29,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import common
 from benchlib.common import Row, log, notes, rows_json, table
 
-MEASURES = ("dispatch", "latency", "render", "publish", "scale")
+MEASURES = ("dispatch", "latency", "render", "publish", "scale", "syscalls")
 
 
 def run_measure(name: str, mode: str) -> tuple[list[Row], list[str]]:
@@ -54,6 +55,10 @@ def run_measure(name: str, mode: str) -> tuple[list[Row], list[str]]:
         from benchlib import scale
 
         return scale.run(mode)
+    if name == "syscalls":
+        from benchlib import syscalls
+
+        return syscalls.run(mode)
     raise ValueError(name)
 
 
