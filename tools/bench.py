@@ -86,11 +86,16 @@ def main(argv: list[str] | None = None) -> int:
     size.add_argument("--quick", action="store_true", help="smaller sizes and fewer rounds")
     size.add_argument("--smoke", action="store_true", help="tiny sizes: proves every row can be produced")
     ap.add_argument("--json", type=Path, help="also write rows, raw samples and notes to this file")
+    ap.add_argument("--huge", action="store_true", help="scale: add 1,000,000 pending jobs (minutes, ~5 GB)")
     ap.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     ap.add_argument("--disk-dir", type=Path, default=common.ROOTS["disk"], help="scratch on the local disk")
     ap.add_argument("--tmpfs-dir", type=Path, default=common.ROOTS["tmpfs"], help="scratch on tmpfs")
     args = ap.parse_args(argv)
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    if args.huge:
+        from benchlib import scale
+
+        scale.HUGE = True
     common.ROOTS["disk"] = args.disk_dir
     common.ROOTS["tmpfs"] = args.tmpfs_dir
     chosen = MEASURES if args.measure == "all" else (args.measure,)
