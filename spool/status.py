@@ -7,11 +7,10 @@ stay fast on a spool of 100,000 jobs; only what is shown gets parsed.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .tree import FLAT_STATES, Tree, visible_names
+from .tree import FLAT_STATES, Tree, Value, visible_names
 
 if TYPE_CHECKING:
     from .kinds import Job
@@ -26,11 +25,16 @@ def read(path: Path, typ: Any, *, replaced: bool = False) -> Any:
     return read_record(path, typ, replaced=replaced)
 
 
-@dataclass(frozen=True)
-class Location:
+class Location(Value):
+    """Where a job is: its state, its file, and the worker for a running job."""
+
+    __match_args__ = ("state", "path", "worker")
     state: str
     path: Path
-    worker: str | None = None
+    worker: str | None
+
+    def __init__(self, state: str, path: Path, worker: str | None = None) -> None:
+        self._set(state=state, path=path, worker=worker)
 
 
 def running_workers(tree: Tree) -> list[str]:

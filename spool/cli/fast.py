@@ -1,13 +1,14 @@
-"""The commands scripts call in loops, run without typer or rich.
+"""The commands scripts call in loops, run without typer.
 
-``spool status --json``, ``spool ls [STATE] [--json]``, ``spool show JOB
---json`` and ``spool submit FILE... [--json]`` are what a render farm's glue
-calls once per job or once a second. Building the typer app (and importing
-click and rich behind it) costs more than the command itself, so
+``spool status``, ``spool ls [STATE]``, ``spool show JOB`` and ``spool submit
+FILE...`` (each with or without ``--json``) are what a render farm's glue and
+its operators call once per job or once a second. Building the typer app (and
+importing click behind it) costs more than the command itself, so
 :func:`parse` recognises exactly these shapes of the command line and
-:func:`spool.cli.main` runs them straight away. Anything else (``--help``, an
-unknown or misspelt option, a missing argument, human ``status``/``show``,
-which rich lays out) goes to the typer app, which prints the usual help and
+:func:`spool.cli.main` runs them straight away. rich is imported only to lay
+out the human ``status`` and ``show``; ``--json``, ``ls`` and ``submit`` never
+import it. Anything else (``--help``, an unknown or misspelt option, a
+missing argument) goes to the typer app, which prints the usual help and
 errors.
 
 The typer commands call the same functions below, so both paths print the
@@ -21,10 +22,13 @@ import os
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import EXIT_INVALID, InvalidInput, NotFound, SpoolError
-from .plain import before_command, echo, fail, open_spool, open_tree, print_json
+from .plain import before_command, echo, fail, open_spool, open_tree, print_json, unsecret
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 #: What ``spool ls`` lists, in its order.
 LS_STATES = ("pending", "held", "running", "complete", "failed", "rejected")
@@ -33,12 +37,30 @@ LS_STATES = ("pending", "held", "running", "complete", "failed", "rejected")
 # -- the commands -----------------------------------------------------------------------
 
 
-def status_json(spool: Path | None) -> None:
-    """``spool status --json``: the overview every status view is drawn from."""
+def console() -> Console:
+    """Where rich lays out human output: styles on a terminal; plain, unwrapped
+    lines in a pipe or file."""
+    import sys
+
+    from rich.console import Console
+
+    if sys.stdout.isatty():
+        return Console(highlight=False)
+    return Console(highlight=False, width=1000, no_color=True, soft_wrap=True)
+
+
+def status(spool: Path | None, as_json: bool) -> None:
+    """``spool status``: the overview every status view is drawn from."""
     from .. import overview
 
-    tree, cfg = open_spool(spool, True)
-    print_json(overview.overview(tree, cfg))
+    tree, cfg = open_spool(spool, as_json)
+    ov = overview.overview(tree, cfg)
+    if as_json:
+        print_json(ov)
+        return
+    from . import views
+
+    console().print(views.status_view(unsecret(ov)))
 
 
 def ls(state: str | None, spool: Path | None, as_json: bool) -> None:
@@ -80,9 +102,15 @@ def job_info(job: str, spool: Path | None, as_json: bool) -> dict[str, Any]:
     return info
 
 
-def show_json(job: str, spool: Path | None) -> None:
-    """``spool show JOB --json``."""
-    print_json(job_info(job, spool, True))
+def show(job: str, spool: Path | None, as_json: bool) -> None:
+    """``spool show JOB``: one job's timeline, attempts, failure, output, approvals."""
+    info = job_info(job, spool, as_json)
+    if as_json:
+        print_json(info)
+        return
+    from . import views
+
+    console().print(views.show_view(unsecret(info)))
 
 
 def submit(files: list[Path], spool: Path | None, as_json: bool) -> None:
@@ -213,12 +241,12 @@ def parse(argv: list[str]) -> Callable[[], None] | None:
         return None
     before_command["spool"] = Path(spool_before) if spool_before is not None else None
     where = Path(spool) if spool is not None else None
-    if command == "status" and as_json and not args:
-        return partial(status_json, where)
+    if command == "status" and not args:
+        return partial(status, where, as_json)
     if command == "ls" and len(args) <= 1:
         return partial(ls, args[0] if args else None, where, as_json)
-    if command == "show" and as_json and len(args) == 1:
-        return partial(show_json, args[0], where)
+    if command == "show" and len(args) == 1:
+        return partial(show, args[0], where, as_json)
     if command == "submit" and args and all(_click_accepts(a) for a in args):
         return partial(submit, [Path(a) for a in args], where, as_json)
     before_command["spool"] = None

@@ -12,7 +12,7 @@ import select
 import stat
 import sys
 import time
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -21,27 +21,11 @@ from ..errors import InvalidInput, NotFound, NotReady, SpoolError
 from . import fast, views
 from .common import JsonOpt, SpoolOpt, app, fail, open_spool, open_tree, print_json, unsecret
 
-if TYPE_CHECKING:
-    from rich.console import Console
-
-
-def _console() -> Console:
-    """Styles on a terminal; plain, unwrapped lines in a pipe or file."""
-    from rich.console import Console
-
-    if sys.stdout.isatty():
-        return Console(highlight=False)
-    return Console(highlight=False, width=1000, no_color=True, soft_wrap=True)
-
 
 @app.command("status")
 def status_cmd(spool: SpoolOpt = None, as_json: JsonOpt = False) -> None:
     """What is waiting, what is running, what needs attention, and the workers."""
-    if as_json:
-        fast.status_json(spool)
-        return
-    tree, cfg = open_spool(spool, as_json)
-    _console().print(views.status_view(unsecret(overview.overview(tree, cfg))))
+    fast.status(spool, as_json)
 
 
 @app.command()
@@ -85,10 +69,7 @@ def show(
     as_json: JsonOpt = False,
 ) -> None:
     """One job: its timeline, attempts, failure, manifest and approvals."""
-    if as_json:
-        fast.show_json(job, spool)
-        return
-    _console().print(views.show_view(unsecret(fast.job_info(job, spool, as_json))))
+    fast.show(job, spool, as_json)
 
 
 @app.command()
@@ -192,7 +173,7 @@ def events(
     except SpoolError as exc:
         raise fail(exc, as_json) from None
     stop = {s.strip() for s in until.split(",") if s.strip()} if until else set()
-    console = _console()
+    console = fast.console()
     out = sys.stdout.buffer
 
     def emit(batch: list[eventlog.Line]) -> None:
