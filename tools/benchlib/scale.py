@@ -154,20 +154,22 @@ def strace_counts(argv: list[str]) -> dict[str, int]:
     return {"opens": opens, "stats": stats}
 
 
-def daemon_memory(root: Path, window: float) -> dict[str, float]:
-    """Start a daemon on the tree; RSS and HWM (MB) from its first claim for ``window`` s."""
+def daemon_memory(root: Path, window: float, n: int = 0) -> dict[str, float]:
+    """Start a daemon on the tree; RSS and HWM (MB) from its first claim for ``window`` s.
+    It may take up to 300 s, plus a second per 2,000 pending jobs, to claim at all."""
     running = root / "running"
     t0 = time.perf_counter()
     proc = start(
         [SPOOLD, "run", "--spool", str(root), "--worker", "scale"], log_path=root.parent / "spoold.log"
     )
     try:
-        deadline = time.monotonic() + 300
+        limit = 300 + n / 2000
+        deadline = time.monotonic() + limit
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"spoold exited {proc.returncode}; see {root.parent / 'spoold.log'}")
             if time.monotonic() > deadline:
-                raise RuntimeError("spoold made no claim within 300 s")
+                raise RuntimeError(f"spoold made no claim within {limit:.0f} s")
             dirs = [p for p in running.iterdir() if p.is_dir()] if running.is_dir() else []
             if any(count_json(p) for p in dirs) or count_json(root / "complete"):
                 break
@@ -246,11 +248,11 @@ def run(mode: str) -> tuple[list[Row], list[str]]:
             if n == sizes[-1]:
                 for k in ("status", "json", "ls"):
                     traced[k] = strace_counts(env_argv[k])
-            mem = daemon_memory(root, window)
+            took = ", ".join(f"{k} {median(v):.0f} ms" for k, v in res.items())
+            log(f"  {took}, parse-all {parse:.0f} ms")
+            mem = daemon_memory(root, window, n)
             log(
-                "  "
-                + ", ".join(f"{k} {median(v):.0f} ms" for k, v in res.items())
-                + f", parse-all {parse:.0f} ms; daemon peak {mem['hwm_mb']:.1f} MB, "
+                f"  daemon peak {mem['hwm_mb']:.1f} MB, "
                 f"first claim after {mem['first_claim_s']:.2f} s, {mem['claim_rate']:.0f} claims/s"
             )
         big = n == 100_000
