@@ -129,6 +129,16 @@ class Render(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     threads: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
+class Layers(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Where text and logos may sit (spool.layers): a fraction of the frame kept
+    centred (0.9 = 90 % title-safe) or a preset name such as ``"social"``."""
+
+    safe_area: (
+        Annotated[float, msgspec.Meta(ge=0.5, le=1.0)]
+        | Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9-]{0,31}$")]
+    ) = 0.9
+
+
 class Observe(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """How the queue is watched: metrics files, the status page, thumbnails."""
 
@@ -182,6 +192,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     render: Render = msgspec.field(default_factory=Render)
     observe: Observe = msgspec.field(default_factory=Observe)
     filesystem: Filesystem = msgspec.field(default_factory=Filesystem)
+    layers: Layers = msgspec.field(default_factory=Layers)
 
     def asset_roots(self, spool_root: Path) -> list[Path]:
         """Asset roots as absolute, symlink-resolved folders."""
@@ -303,6 +314,12 @@ thumbnail_width = 320      # poster-frame JPEG width made after publish (thumbs/
 # What the spool's filesystem can do decides two strategies; `spool doctor` shows
 # what it measured and chose. Pin them here if you know better.
 publish = "auto"           # auto | link | copy: hard-link outputs into store/, or copy + re-hash
+
+[layers]
+# Text and logos must sit inside the safe area, or the job is rejected at submit
+# (README "Required layers"). A fraction kept centred (0.9 = 90 % title-safe) or a
+# preset: title-safe, action-safe, social (picks social-9x16 / -4x5 / -1x1 / -16x9 by aspect).
+safe_area = 0.9
 """
 
 

@@ -231,11 +231,31 @@ class Check(Record, kw_only=True):
     ok: bool
 
 
+class LayerBox(Record, kw_only=True, omit_defaults=True):
+    """Where one ``text`` or ``overlay`` step lands in the output frame (spool.layers):
+    planned at acceptance (``RenderJob.layers``, which the render draws exactly) and
+    judged again by the gate (``ValidationReport.layers``). Boxes are x, y, w, h
+    in output pixels; ``at`` is the x, y the filter is given."""
+
+    step: int
+    op: str
+    box: list[int]
+    safe_area: str
+    safe: list[int]
+    at: list[int]
+    size: int | None = None  # text: the font size drawn (after "fit")
+    text: str | None = None  # text: the characters drawn (after "wrap")
+    font_file: str | None = None  # text: the font file fontconfig resolved at acceptance
+    font_sha256: str | None = None  # text: that file's sha256; a render on a host with another fails
+    verdict: str = "inside"
+
+
 class ValidationReport(Record, kw_only=True):
     ok: bool
     decode_check: str
     checks: list[Check]
     seconds: float
+    layers: list[LayerBox] | None = None  # every text/overlay layer with its box and verdict
 
     def failed(self) -> list[Check]:
         return [c for c in self.checks if not c.ok]

@@ -26,6 +26,7 @@ this job at all, and the caller's verified manifest replaces it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from . import store
@@ -55,9 +56,15 @@ def publish(
     render_seconds: float,
     note: str = "",
     why: str = "",
+    on_stage: Callable[[str], None] | None = None,
 ) -> Manifest:
     """Steps 1-5 for a validated candidate; ``why`` prefixes the journal line
-    (recovery says so). Raises :class:`Failed` (store) or :class:`LostOwnership`."""
+    (recovery says so). Raises :class:`Failed` (store) or :class:`LostOwnership`.
+
+    ``on_stage`` is told ``"stored"`` once the store file and manifest are durable,
+    and ``"indexed"`` once the job is findable, just before the move to
+    ``complete/``: a kind that keeps its own durable states (generation) records
+    them there."""
     tree = ctx.tree
     fence(ctx, job.job_id, "store link")
     try:
@@ -93,6 +100,10 @@ def publish(
     fence(ctx, job.job_id, "manifest")
     manifest = install_manifest(tree, manifest)
     crashpoint("after_manifest")
+    if on_stage is not None:
+        on_stage("stored")
+    if on_stage is not None:
+        on_stage("indexed")
     fence(ctx, job.job_id, "complete")
     crashpoint("before_complete_rename")
     complete(ctx, job.job_id)

@@ -1,4 +1,4 @@
-"""The recipe vocabulary and its translation into one FFmpeg command.
+"""The recipe vocabulary and the checks a recipe must pass at acceptance.
 
 A recipe names its main input (a source role) and lists steps:
 
@@ -14,11 +14,8 @@ A recipe names its main input (a source role) and lists steps:
 
 Adding a step means: a Struct here, a case in :func:`check`, in
 :func:`default_expect` if it changes the output's shape, and in
-:func:`command`. Nothing else in spool knows FFmpeg's filter syntax.
-
-Text never becomes filter syntax: a label's characters go into a file in the
-attempt's ``work/`` folder that ``drawtext`` reads with ``expansion=none``; the
-command line carries only that file's fixed, spool-made name.
+:func:`spool.ffcommand.command`, the only module that knows FFmpeg's filter
+syntax. Where text and logos may sit is spool.layers' concern.
 """
 
 from __future__ import annotations
@@ -32,9 +29,6 @@ import msgspec
 from .errors import InvalidInput
 
 if TYPE_CHECKING:
-    import ffmpeg
-
-    from .config import Render
     from .model import Expect, Source
 
 Position = Literal[
@@ -85,11 +79,19 @@ class Fps(Step, tag="fps"):
     fps: Annotated[float, msgspec.Meta(gt=0, le=240)]
 
 
+#: A safe area: a centred fraction of the frame, or a preset name (spool.layers.PRESETS).
+SafeArea = (
+    Annotated[float, msgspec.Meta(ge=0.5, le=1.0)]
+    | Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9-]{0,31}$")]
+)
+
+
 class Overlay(Step, tag="overlay"):
     source: Role
     position: Position = "top-right"
     margin: Annotated[int, msgspec.Meta(ge=0, le=2000)] = 24
     scale: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.15  # of the frame's width
+    safe_area: SafeArea | None = None  # None: [layers] safe_area of spool.toml
 
 
 class Text(Step, tag="text"):
@@ -102,6 +104,13 @@ class Text(Step, tag="text"):
     margin: Annotated[int, msgspec.Meta(ge=0, le=2000)] = 24
     start: Seconds | None = None
     end: Seconds | None = None
+    #: What to do when the label does not fit the safe area at ``size``: reject the
+    #: job, shrink to the largest size that fits (not below ``min_size``; default
+    #: half of ``size``), or wrap at spaces into at most ``max_lines`` lines.
+    fit: Literal["reject", "shrink", "wrap"] = "reject"
+    min_size: Annotated[int, msgspec.Meta(ge=6, le=600)] | None = None
+    max_lines: Annotated[int, msgspec.Meta(ge=1, le=20)] = 2
+    safe_area: SafeArea | None = None  # None: [layers] safe_area of spool.toml
 
 
 class Audio(Step, tag="audio"):
@@ -176,9 +185,6 @@ class Recipe(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 # -- codec facts -------------------------------------------------------------
 
-#: FFmpeg encoder per codec name used in recipes.
-VIDEO_ENCODERS = {"h264": "libx264", "hevc": "libx265", "vp9": "libvpx-vp9", "prores": "prores_ks"}
-AUDIO_ENCODERS = {"aac": "aac", "opus": "libopus", "pcm_s16le": "pcm_s16le"}
 #: Codecs each container may carry.
 CONTAINER_VIDEO = {
     "mp4": {"h264", "hevc", "vp9"},
@@ -190,17 +196,6 @@ DEFAULT_AUDIO = {"mp4": "aac", "mov": "aac", "webm": "opus"}
 DEFAULT_CRF = {"h264": 20, "hevc": 24, "vp9": 32}
 MAX_CRF = {"h264": 51, "hevc": 51, "vp9": 63}
 EXTENSIONS = {"mp4": ".mp4", "mov": ".mov", "webm": ".webm"}
-_VP9_SPEED = {
-    "ultrafast": 8,
-    "superfast": 7,
-    "veryfast": 6,
-    "faster": 5,
-    "fast": 4,
-    "medium": 4,
-    "slow": 2,
-    "slower": 1,
-    "veryslow": 0,
-}
 
 
 def pix_fmt(enc: Encode) -> str:
@@ -265,6 +260,8 @@ def check(recipe: Recipe, sources: Mapping[str, Source]) -> None:
                 raise InvalidInput(f"{at}.end", "must be later than start")
             if isinstance(s, Text) and "\x00" in s.text:
                 raise InvalidInput(f"{at}.text", "must not contain NUL characters")
+            if isinstance(s, Text) and s.min_size is not None and s.min_size > s.size:
+                raise InvalidInput(f"{at}.min_size", f"{s.min_size} is larger than size {s.size}")
         elif isinstance(s, Overlay):
             src = _source(sources, s.source, f"{at}.source")
             if src.probe.video is None:
@@ -408,200 +405,3 @@ def estimate_bytes(recipe: Recipe, sources: Mapping[str, Source]) -> int:
 
 def extension(recipe: Recipe) -> str:
     return EXTENSIONS[recipe.encode.container]
-
-
-# -- the FFmpeg command -----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Command:
-    """An FFmpeg invocation: ``argv`` to run with ``cwd`` = the attempt's work
-    folder, after writing ``files`` (name -> bytes) there."""
-
-    argv: list[str]
-    files: dict[str, bytes]
-    duration: float | None
-
-
-def command(
-    recipe: Recipe,
-    sources: Mapping[str, Source],
-    output_name: str,
-    render: Render,
-) -> Command:
-    """Recipe -> one FFmpeg argument list. Pure: no I/O, no shell.
-
-    Inputs are opened as ``file:`` URLs with a file-only protocol whitelist, so
-    a source can never make FFmpeg read another protocol or the network.
-    """
-    import ffmpeg  # here, not at the top: every spool command imports recipe, few render
-
-    sh = shape(recipe, sources)
-    files: dict[str, bytes] = {}
-    inputs: dict[str, ffmpeg.nodes.FilterableStream] = {}
-
-    def open_input(role: str, **opts: object) -> ffmpeg.nodes.FilterableStream:
-        if role not in inputs:
-            inputs[role] = ffmpeg.input("file:" + sources[role].path, protocol_whitelist="file", **opts)
-        return inputs[role]
-
-    trim = recipe.trim
-    main_opts: dict[str, object] = {}
-    if trim.start:
-        main_opts["ss"] = _num(trim.start)
-    if trim.duration is not None:
-        main_opts["t"] = _num(trim.duration)
-    main = open_input(recipe.input, **main_opts)
-
-    video = main.video
-    width, _ = _dims(sources[recipe.input])
-    labels = 0
-    for s in recipe.steps:
-        if isinstance(s, Fit):
-            width = s.width
-            video = _fit(video, s)
-        elif isinstance(s, Fps):
-            video = video.filter("fps", fps=_num(s.fps))
-        elif isinstance(s, Overlay):
-            logo_w = max(2, round(width * s.scale / 2) * 2)
-            logo = open_input(s.source).video.filter("scale", logo_w, -2)
-            x, y = _place(s.position, s.margin, "main_w", "main_h", "overlay_w", "overlay_h")
-            video = ffmpeg.overlay(video, logo, x=x, y=y, eof_action="repeat", format="auto")
-        elif isinstance(s, Text):
-            name = f"label-{labels}.txt"
-            labels += 1
-            files[name] = s.text.encode("utf-8")
-            video = _text(video, s, name, render.font_file)
-
-    enc = recipe.encode
-    video = video.filter("format", pix_fmt(enc))
-    streams: list[ffmpeg.nodes.FilterableStream] = [video]
-    aud = recipe.audio
-    if sh.has_audio:
-        if aud.mode == "keep":
-            a = main.audio
-        elif aud.mode == "replace":
-            assert aud.source
-            a = open_input(aud.source).audio
-        else:  # mix
-            assert aud.source
-            bed = open_input(aud.source).audio.filter("volume", _num(aud.mix_level))
-            a = ffmpeg.filter([main.audio, bed], "amix", inputs=2, duration="first", normalize=0)
-        if aud.loudness is not None:
-            a = a.filter("loudnorm", I=_num(aud.loudness), TP=-1.5, LRA=11)
-        a = a.filter("aformat", sample_rates=48000, channel_layouts="stereo")
-        streams.append(a)
-
-    out_opts: dict[str, object] = _encode_options(enc, sh.has_audio, render)
-    if sh.duration is not None:
-        out_opts["t"] = _num(sh.duration)
-    out = ffmpeg.output(*streams, "file:" + output_name, **out_opts)
-    argv = [
-        render.ffmpeg,
-        "-nostdin",
-        "-hide_banner",
-        "-nostats",
-        "-y",
-        "-progress",
-        "pipe:1",
-        "-loglevel",
-        "info",
-        *ffmpeg.get_args(out),
-    ]
-    return Command(argv=argv, files=files, duration=sh.duration)
-
-
-def _num(x: float) -> str:
-    """Numbers as FFmpeg reads them: no exponent, no trailing zeros."""
-    return f"{x:.6f}".rstrip("0").rstrip(".") if isinstance(x, float) else str(x)
-
-
-def _dims(src: Source) -> tuple[int, int]:
-    v = src.probe.video
-    assert v is not None
-    return v.width, v.height
-
-
-def _fit(video: ffmpeg.nodes.FilterableStream, s: Fit) -> ffmpeg.nodes.FilterableStream:
-    # Square the pixels first: an anamorphic source (HDV, PAL widescreen) is
-    # stored narrower than it is shown, and fitting its stored size would squeeze it.
-    video = video.filter("scale", "trunc(iw*sar/2)*2", "ih").filter("setsar", 1)
-    if s.mode == "pad":
-        video = video.filter(
-            "scale", s.width, s.height, force_original_aspect_ratio="decrease", force_divisible_by=2
-        )
-        video = video.filter("pad", s.width, s.height, "(ow-iw)/2", "(oh-ih)/2", color=s.pad_colour)
-    else:
-        video = video.filter("scale", s.width, s.height, force_original_aspect_ratio="increase")
-        video = video.filter("crop", s.width, s.height)
-    return video.filter("setsar", 1)
-
-
-def _place(position: str, margin: int, big_w: str, big_h: str, w: str, h: str) -> tuple[str, str]:
-    """x, y expressions for a box of size (w, h) placed in a frame (big_w, big_h)."""
-    horiz = "left" if "left" in position else "right" if "right" in position else "center"
-    vert = "top" if position.startswith("top") else "bottom" if position.startswith("bottom") else "center"
-    x = {"left": str(margin), "center": f"({big_w}-{w})/2", "right": f"{big_w}-{w}-{margin}"}[horiz]
-    y = {"top": str(margin), "center": f"({big_h}-{h})/2", "bottom": f"{big_h}-{h}-{margin}"}[vert]
-    return x, y
-
-
-def _text(
-    video: ffmpeg.nodes.FilterableStream, s: Text, textfile: str, font_file: str
-) -> ffmpeg.nodes.FilterableStream:
-    x, y = _place(s.position, s.margin, "w", "h", "text_w", "text_h")
-    opts: dict[str, object] = {
-        "textfile": textfile,
-        "expansion": "none",
-        "fontsize": s.size,
-        "fontcolor": s.colour,
-        "x": x,
-        "y": y,
-    }
-    if font_file:
-        opts["fontfile"] = font_file
-    else:
-        opts["font"] = "Sans"
-    if s.box:
-        opts.update(box=1, boxcolor=s.box_colour, boxborderw=max(4, s.size // 5))
-    if s.start is not None or s.end is not None:
-        start = _num(s.start or 0.0)
-        opts["enable"] = f"between(t,{start},{_num(s.end)})" if s.end is not None else f"gte(t,{start})"
-    return video.filter("drawtext", **opts)
-
-
-def _encode_options(enc: Encode, has_audio: bool, render: Render) -> dict[str, object]:
-    opts: dict[str, object] = {"c:v": VIDEO_ENCODERS[enc.video_codec]}
-    codec = enc.video_codec
-    if codec == "prores":
-        opts["profile:v"] = 3 if pix_fmt(enc).startswith("yuv422") else 4
-    elif enc.video_bitrate is not None:
-        opts["b:v"] = enc.video_bitrate
-    else:
-        opts["crf"] = enc.crf if enc.crf is not None else DEFAULT_CRF[codec]
-        if codec == "vp9":
-            opts["b:v"] = 0  # constant-quality mode
-    if codec in ("h264", "hevc"):
-        opts["preset"] = enc.preset or "medium"
-    if codec == "hevc":
-        opts["tag:v"] = "hvc1"  # plays in Apple players
-        opts["x265-params"] = "log-level=error"
-    if codec == "vp9":
-        opts["deadline"] = "good"
-        opts["cpu-used"] = _VP9_SPEED[enc.preset or "fast"]
-        opts["row-mt"] = 1
-    if render.threads:
-        opts["threads"] = render.threads
-    if has_audio:
-        ac = audio_codec(enc)
-        opts["c:a"] = AUDIO_ENCODERS[ac]
-        if ac != "pcm_s16le":
-            opts["b:a"] = enc.audio_bitrate or "128k"
-    if enc.container in ("mp4", "mov") and enc.faststart:
-        opts["movflags"] = "+faststart"
-    opts["f"] = enc.container
-    # Deliverables carry none of the sources' metadata or chapters: a source's
-    # tags (titles, comments, locations, tokens) are not the ad's to publish.
-    opts["map_metadata"] = -1
-    opts["map_chapters"] = -1
-    return opts

@@ -1,4 +1,5 @@
-"""Running FFmpeg for one attempt: limits, log, live progress, stop and timeout.
+"""Running FFmpeg for one attempt: limits, log, live progress; stop, timeout and
+cancel through :func:`spool.supervise.supervise`.
 
 FFmpeg runs as a child process with an argument list (never a shell), in the
 attempt's ``work/`` folder, with stderr going to the attempt's ``ffmpeg.log``
@@ -23,12 +24,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import BinaryIO
 
 from .attempt import Attempt
 from .config import Limits
+from .ffcommand import Command
 from .model import Progress, now
-from .recipe import Command
 from .secrets import child_env, redact_bytes
+from .supervise import Stopped, supervise
 
 _PR_SET_PDEATHSIG = 1
 _prctl: Callable[..., int] | None
@@ -45,12 +48,8 @@ PROGRESS_EVERY = 0.5
 class RenderOutcome:
     returncode: int | None
     seconds: float
-    stopped: str | None  # "timeout", "interrupted", "cancelled" or None
+    stopped: Stopped | None
     log_tail: list[str]
-
-    @property
-    def ok(self) -> bool:
-        return self.returncode == 0 and self.stopped is None
 
 
 #: ioprio_set(2) system call numbers (no libc wrapper exists).
@@ -121,7 +120,7 @@ def run(
     cancelled: Callable[[], bool] | None = None,
 ) -> RenderOutcome:
     """Run FFmpeg to completion, a timeout, ``stop`` being set, or ``cancelled()``
-    turning true (checked twice a second).
+    turning true (checked twice a second; see :mod:`spool.supervise`).
 
     FFmpeg's stderr reaches ``ffmpeg.log`` line by line through
     :func:`spool.secrets.redact` (it echoes input metadata, which may carry
@@ -130,78 +129,22 @@ def run(
     for name, data in cmd.files.items():
         (attempt.work / name).write_bytes(data)
     started = time.monotonic()
-    deadline = started + limits.job_timeout
-    stopped: str | None = None
+    stopped: Stopped | None = None
     with open(attempt.tool_log, "ab") as log:
         log.write(redact_bytes(f"$ {shlex.join(cmd.argv)}\n".encode()))
         log.flush()
-        proc = subprocess.Popen(
-            cmd.argv,
-            cwd=attempt.work,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            process_group=0,
-            env=child_env(),
-            preexec_fn=_child_setup(
-                limits.nice, limits.ionice, limits.memory_bytes, limits.output_size_bytes
-            ),
-        )
-        assert proc.stdout is not None and proc.stderr is not None
-        sel = selectors.DefaultSelector()
-        sel.register(proc.stdout, selectors.EVENT_READ, "progress")
-        sel.register(proc.stderr, selectors.EVENT_READ, "log")
-        bufs = {"progress": b"", "log": b""}
-        block: dict[str, str] = {}
-        last_write = 0.0
-        next_cancel_check = 0.0
+        proc = _start(cmd, attempt, limits)
+        streams = _Streams(proc, log, attempt, cmd.duration, started, on_progress)
         try:
-            while sel.get_map():
-                if stop is not None and stop.is_set():
-                    stopped = "interrupted"
-                    break
-                now_t = time.monotonic()
-                if now_t > deadline:
-                    stopped = "timeout"
-                    break
-                if cancelled is not None and now_t >= next_cancel_check:
-                    next_cancel_check = now_t + 0.5
-                    if cancelled():
-                        stopped = "cancelled"
-                        break
-                for key, _ in sel.select(timeout=0.2):
-                    stream = key.data
-                    chunk = os.read(key.fd, 65536)
-                    if not chunk:
-                        sel.unregister(key.fileobj)
-                        chunk = b"\n" if bufs[stream] else b""  # flush a last unterminated line
-                    bufs[stream] += chunk
-                    *lines, bufs[stream] = bufs[stream].split(b"\n")
-                    if stream == "log":
-                        if lines:
-                            log.write(redact_bytes(b"\n".join(lines) + b"\n"))
-                            log.flush()
-                        continue
-                    for raw in lines:
-                        name, _, value = raw.decode("utf-8", "replace").partition("=")
-                        block[name.strip()] = value.strip()
-                        if name.strip() != "progress":
-                            continue
-                        prog = parse_progress(block, cmd.duration, started)
-                        block = {}
-                        t = time.monotonic()
-                        if prog.done or t - last_write >= PROGRESS_EVERY:
-                            attempt.record("progress.json", prog, durable=False)
-                            last_write = t
-                        if on_progress is not None:
-                            on_progress(prog)
+            stopped = supervise(
+                streams.pump, deadline=started + limits.job_timeout, stop=stop, cancelled=cancelled
+            )
         finally:
-            sel.close()
+            streams.close()
             if stopped is not None or proc.poll() is None:
                 _kill(proc)
             proc.wait()
-            proc.stdout.close()
-            proc.stderr.close()
+            streams.close_pipes()
         if stopped:
             log.write(f"\n[spool] render stopped: {stopped}\n".encode())
     return RenderOutcome(
@@ -210,6 +153,88 @@ def run(
         stopped=stopped,
         log_tail=tail(attempt.tool_log),
     )
+
+
+def _start(cmd: Command, attempt: Attempt, limits: Limits) -> subprocess.Popen[bytes]:
+    """FFmpeg in ``work/``, in a process group of its own, with the operator's limits."""
+    return subprocess.Popen(
+        cmd.argv,
+        cwd=attempt.work,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        process_group=0,
+        env=child_env(),
+        preexec_fn=_child_setup(limits.nice, limits.ionice, limits.memory_bytes, limits.output_size_bytes),
+    )
+
+
+class _Streams:
+    """FFmpeg's two pipes: stderr lines to ``ffmpeg.log`` (redacted), ``-progress``
+    blocks on stdout to ``progress.json`` (at most every PROGRESS_EVERY s, and the last)."""
+
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        log: BinaryIO,
+        attempt: Attempt,
+        duration: float | None,
+        started: float,
+        on_progress: Callable[[Progress], None] | None,
+    ) -> None:
+        assert proc.stdout is not None and proc.stderr is not None
+        self.proc, self.log, self.attempt = proc, log, attempt
+        self.duration, self.started, self.on_progress = duration, started, on_progress
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(proc.stdout, selectors.EVENT_READ, "progress")
+        self.sel.register(proc.stderr, selectors.EVENT_READ, "log")
+        self.bufs = {"progress": b"", "log": b""}
+        self.block: dict[str, str] = {}
+        self.last_write = 0.0
+
+    def pump(self, wait: float) -> bool:
+        """Read what the pipes hold within ``wait`` seconds; False once both are closed."""
+        for key, _ in self.sel.select(timeout=wait):
+            stream = key.data
+            chunk = os.read(key.fd, 65536)
+            if not chunk:
+                self.sel.unregister(key.fileobj)
+                chunk = b"\n" if self.bufs[stream] else b""  # flush a last unterminated line
+            self.bufs[stream] += chunk
+            *lines, self.bufs[stream] = self.bufs[stream].split(b"\n")
+            if stream == "log":
+                self._log(lines)
+            else:
+                self._progress(lines)
+        return bool(self.sel.get_map())
+
+    def _log(self, lines: list[bytes]) -> None:
+        if lines:
+            self.log.write(redact_bytes(b"\n".join(lines) + b"\n"))
+            self.log.flush()
+
+    def _progress(self, lines: list[bytes]) -> None:
+        for raw in lines:
+            name, _, value = raw.decode("utf-8", "replace").partition("=")
+            self.block[name.strip()] = value.strip()
+            if name.strip() != "progress":
+                continue
+            prog = parse_progress(self.block, self.duration, self.started)
+            self.block = {}
+            t = time.monotonic()
+            if prog.done or t - self.last_write >= PROGRESS_EVERY:
+                self.attempt.record("progress.json", prog, durable=False)
+                self.last_write = t
+            if self.on_progress is not None:
+                self.on_progress(prog)
+
+    def close(self) -> None:
+        self.sel.close()
+
+    def close_pipes(self) -> None:
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self.proc.stdout.close()
+        self.proc.stderr.close()
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:

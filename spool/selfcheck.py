@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from . import recipe, samples, sources
+from . import ffcommand, recipe, samples, sources
 from .config import Config
 from .model import Record, encode
 from .tree import write_atomic
@@ -159,7 +159,7 @@ def _run_checks(folder: Path, cfg: Config) -> tuple[str, str] | None:
     for step, (steps, extra, out) in CHECKS.items():
         rec = msgspec.convert({"input": "clip", "steps": steps}, recipe.Recipe)
         srcs = {r: described[r] for r in ["clip", *extra]}
-        cmd = recipe.command(rec, srcs, out, cfg.render)
+        cmd = ffcommand.command(rec, srcs, out, cfg.render)
         work = folder / step.replace(" ", "-").replace(",", "")
         work.mkdir()
         for name, data in cmd.files.items():

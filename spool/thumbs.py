@@ -67,6 +67,8 @@ def grab(source: Path, at: float, width: int, ffmpeg: str = "ffmpeg") -> bytes:
     """One frame of ``source`` at ``at`` seconds, ``width`` pixels wide, as JPEG bytes."""
     import subprocess  # here: `spool status` only builds thumbnail URLs
 
+    from . import ffcommand
+
     argv = [
         ffmpeg,
         "-nostdin",
@@ -84,7 +86,7 @@ def grab(source: Path, at: float, width: int, ffmpeg: str = "ffmpeg") -> bytes:
         "-frames:v",
         "1",
         "-vf",
-        f"scale={width}:-2",
+        ffcommand.thumbnail_filter(width),
         "-q:v",
         "5",
         "-f",

@@ -14,9 +14,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import layers as layer_check
 from . import probe
 from .config import Config
-from .model import Check, Expect, ValidationReport
+from .model import Check, Expect, LayerBox, ValidationReport
 from .secrets import redact
 
 #: Container names as the job states them -> names ffprobe's format_name contains.
@@ -213,8 +214,16 @@ def decode_check(path: Path, cfg: Config, duration: float | None, log: Path) -> 
     )
 
 
-def validate(candidate: Path, container: str, expect: Expect, cfg: Config, log: Path) -> ValidationReport:
-    """Run the whole gate on a candidate file."""
+def validate(
+    candidate: Path,
+    container: str,
+    expect: Expect,
+    cfg: Config,
+    log: Path,
+    layers: list[LayerBox] | None = None,
+) -> ValidationReport:
+    """Run the whole gate on a candidate file. ``layers`` (the job's planned text and
+    overlay boxes) are judged against the safe area of the frame the file really has."""
     started = time.monotonic()
     try:
         size = candidate.stat().st_size
@@ -240,9 +249,17 @@ def validate(candidate: Path, container: str, expect: Expect, cfg: Config, log: 
         checks.append(completeness_check(candidate, cfg, expect, log))
     if info is not None and cfg.validation.decode_check != "none":
         checks.append(decode_check(candidate, cfg, expect.duration, log))
+    judged = None
+    if layers:
+        video = probe.streams_of(info, "video") if info is not None else []
+        width = video[0].get("width") if video else None
+        height = video[0].get("height") if video else None
+        judged, check = layer_check.judge(layers, width, height)
+        checks.append(check)
     return ValidationReport(
         ok=all(c.ok for c in checks),
         decode_check=cfg.validation.decode_check,
         checks=checks,
         seconds=round(time.monotonic() - started, 3),
+        layers=judged,
     )

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from spool import config, samples
+from spool import config, samples, settings
 from spool.events import Journal
 from spool.tree import Tree
 
@@ -61,10 +61,10 @@ def tree(tmp_path: Path, assets: Path) -> Tree:
     """A fresh spool whose asset root is ``assets``; fast settings for tests."""
     t = Tree.at(tmp_path / "spool")
     t.create()
-    text = config.template([str(assets)])
-    text = text.replace("poll_interval = 2.0", "poll_interval = 0.2")
-    text = text.replace("heartbeat_interval = 5.0", "heartbeat_interval = 0.5")
-    t.config_file.write_text(text)
+    settings.write(
+        t.config_file,
+        {"assets": {"roots": [str(assets)]}, "daemon": {"poll_interval": 0.2, "heartbeat_interval": 0.5}},
+    )
     return t
 
 

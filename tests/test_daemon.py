@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import minimal, run_cli, state_files, wait_for, write_json
 
-from spool import samples
+from spool import config, samples, settings
 from spool.tree import Tree
 
 
@@ -21,10 +21,8 @@ def _events(tree: Tree) -> list[dict]:
     return sorted(out, key=lambda e: e["ts"])
 
 
-def _set(tree: Tree, old: str, new: str) -> None:
-    text = tree.config_file.read_text()
-    assert old in text
-    tree.config_file.write_text(text.replace(old, new))
+def _set(tree: Tree, section: str, **values: object) -> None:
+    settings.write(tree.config_file, {section: values})
 
 
 def test_two_daemons_started_together_make_exactly_one_attempt(tree, assets, daemons):
@@ -45,7 +43,7 @@ def test_two_daemons_started_together_make_exactly_one_attempt(tree, assets, dae
 
 
 def test_drain_runs_everything_within_max_active(tree, assets, daemons):
-    _set(tree, "max_active = 2", "max_active = 2")
+    assert config.load(tree.config_file).limits.max_active == 2
     for i in range(5):
         write_json(tree.incoming / f"job-{i}.json", minimal(assets, name=f"job-{i}"))
     d = daemons(tree, "w1", drain=True)
@@ -63,7 +61,7 @@ def test_drain_runs_everything_within_max_active(tree, assets, daemons):
 
 
 def test_priority_decides_what_runs_first(tree, assets, daemons):
-    _set(tree, "max_active = 2", "max_active = 1")
+    _set(tree, "limits", max_active=1)
     for name, prio in [("later", 0), ("sooner", 100), ("last", -100), ("middle", 10)]:
         run_cli(
             "submit",
@@ -131,7 +129,7 @@ def _wait_rendering(tree: Tree, jid: str) -> None:
 
 
 def test_sigterm_lets_a_render_finish_within_the_grace_period(tree, assets, long_clip, daemons):
-    _set(tree, "stop_grace = 30.0", "stop_grace = 120.0")
+    _set(tree, "daemon", stop_grace=120.0)
     run_cli(
         "submit",
         str(write_json(tree.root.parent / "s.json", _slow(assets, "graceful", seconds=3.0))),
@@ -146,7 +144,7 @@ def test_sigterm_lets_a_render_finish_within_the_grace_period(tree, assets, long
 
 
 def test_grace_over_interrupts_records_and_returns_the_job(tree, assets, long_clip, daemons):
-    _set(tree, "stop_grace = 30.0", "stop_grace = 0.5")
+    _set(tree, "daemon", stop_grace=0.5)
     run_cli(
         "submit",
         str(write_json(tree.root.parent / "s.json", _slow(assets, "cut-short"))),
@@ -168,7 +166,7 @@ def test_grace_over_interrupts_records_and_returns_the_job(tree, assets, long_cl
 
 
 def test_second_sigterm_interrupts_at_once(tree, assets, long_clip, daemons):
-    _set(tree, "stop_grace = 30.0", "stop_grace = 600.0")
+    _set(tree, "daemon", stop_grace=600.0)
     run_cli(
         "submit", str(write_json(tree.root.parent / "s.json", _slow(assets, "twice"))), spool=tree, check=True
     )

@@ -16,7 +16,7 @@ import msgspec
 import pytest
 from conftest import minimal, run_cli, write_json
 
-from spool import config, doctor
+from spool import config, doctor, settings
 from spool.tree import HOST, Tree
 
 MOUNTINFO = r"""22 27 0:21 / /proc rw,relatime - proc proc rw
@@ -30,15 +30,10 @@ MOUNTINFO = r"""22 27 0:21 / /proc rw,relatime - proc proc rw
 """
 
 
-def _spool(root: Path, **settings: str) -> tuple[Tree, config.Config]:
+def _spool(root: Path, overrides: settings.Overrides | None = None) -> tuple[Tree, config.Config]:
     t = Tree.at(root)
     t.create()
-    text = config.template([])
-    for old, new in settings.items():
-        assert old in text, old
-        text = text.replace(old, new)
-    t.config_file.write_text(text)
-    return t, config.load(t.config_file)
+    return t, settings.write(t.config_file, overrides or {})
 
 
 def _snapshot(root: Path) -> set[str]:
@@ -101,8 +96,7 @@ def test_doctor_on_local_disk_chooses_link_and_inotify(tmp_path):
     assert (report.publish.value, report.watch.value) == ("link", "inotify")
     assert not report.publish.pinned and not report.watch.pinned
     # probe files are gone afterwards; nothing else in the spool changed
-    assert _snapshot(tree.root) - before <= {".doctor"}
-    assert list((tree.root / ".doctor").iterdir()) == []
+    assert _snapshot(tree.root) == before
 
 
 def _tmpfs_dir(tmp_path: Path) -> Path:
@@ -154,10 +148,7 @@ def test_quick_probe_takes_well_under_a_second_on_local_disk(tmp_path):
 
 
 def test_pinned_strategies_win_over_the_probes(tmp_path):
-    tree, cfg = _spool(
-        tmp_path / "spool",
-        **{'publish = "auto"': 'publish = "copy"', 'watch = "auto" ': 'watch = "poll" '},
-    )
+    tree, cfg = _spool(tmp_path / "spool", {"filesystem": {"publish": "copy"}, "daemon": {"watch": "poll"}})
     assert cfg.filesystem.publish == "copy" and cfg.daemon.watch == "poll"
     report = doctor.run(tree, cfg, quick=True)
     assert report.publish == doctor.Choice("copy", "pinned in spool.toml ([filesystem] publish)", True)
@@ -212,7 +203,21 @@ def test_cli_peer_must_show_the_same_spool(tree, tmp_path):
     proc = run_cli("doctor", "--peer", str(other.root), "--lag-timeout", "0.5", "--json", spool=tree)
     assert proc.returncode == 2
     assert "not show this spool's files" in json.loads(proc.stdout)["error"]
-    assert list((tree.root / ".doctor").iterdir()) == []
+    assert not (tree.root / ".doctor").exists()
+
+
+def test_doctor_leaves_no_doctor_folder_behind(tree):
+    before = _snapshot(tree.root)
+    run_cli("doctor", "--quick", spool=tree, check=True)
+    assert not (tree.root / ".doctor").exists()
+    assert _snapshot(tree.root) == before
+
+
+def test_a_lab_still_in_use_keeps_the_doctor_folder(tree):
+    other = tree.root / ".doctor" / "elsewhere.4242.abcdef"  # another host's doctor, mid-probe
+    other.mkdir(parents=True)
+    doctor.run(tree, config.load(tree.config_file), quick=True)
+    assert [p.name for p in (tree.root / ".doctor").iterdir()] == [other.name]
 
 
 # -- the daemon applies the choices -------------------------------------------------------
@@ -231,9 +236,7 @@ def test_daemon_logs_the_probe_and_publishes_by_link_by_default(tree, assets, da
 
 
 def test_daemon_applies_pinned_copy_and_poll(tree, assets, daemons):
-    text = tree.config_file.read_text()
-    text = text.replace('publish = "auto"', 'publish = "copy"').replace('watch = "auto" ', 'watch = "poll" ')
-    tree.config_file.write_text(text)
+    settings.write(tree.config_file, {"filesystem": {"publish": "copy"}, "daemon": {"watch": "poll"}})
     run_cli("submit", str(write_json(tree.root.parent / "j.json", minimal(assets))), spool=tree, check=True)
     d = daemons(tree, "w1", drain=True)
     assert d.wait() == 0, d.output()

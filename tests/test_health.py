@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import minimal, run_cli, wait_for, write_json
 
-from spool import blocklist, health
+from spool import blocklist, health, settings
 from spool.model import Failure, decode
 from spool.tree import HOST, Tree
 
@@ -32,12 +32,8 @@ def _fake_ffmpeg(folder: Path, body: str) -> dict[str, str]:
     return {"PATH": f"{folder}:{os.environ['PATH']}"}
 
 
-def _config(tree: Tree, *pairs: tuple[str, str]) -> None:
-    text = tree.config_file.read_text()
-    for old, new in pairs:
-        assert old in text, old
-        text = text.replace(old, new)
-    tree.config_file.write_text(text)
+def _config(tree: Tree, **sections: dict[str, object]) -> None:
+    settings.write(tree.config_file, sections)
 
 
 def _submit(tree: Tree, assets: Path, names: list[str], **over: object) -> None:
@@ -51,7 +47,7 @@ BROKEN = "echo \"[vost#0:0 @ 0x1] Unknown encoder 'libx264'\" >&2; exit 1"
 def test_a_broken_node_quarantines_itself_and_the_healthy_one_renders_everything(
     tree, assets, daemons, tmp_path
 ):
-    _config(tree, ("self_check = true", "self_check = false"))
+    _config(tree, health={"self_check": False})
     names = [f"job{i:02d}" for i in range(20)]
     broken = daemons(tree, "broken", env=_fake_ffmpeg(tmp_path / "bad", BROKEN))
     healthy = daemons(tree, "healthy")
@@ -113,7 +109,7 @@ def test_a_job_that_crashes_ffmpeg_everywhere_fails_after_two_workers_with_both_
 def test_a_lone_broken_worker_is_bounded_and_its_quarantine_outlives_a_restart(
     tree, assets, daemons, tmp_path
 ):
-    _config(tree, ("self_check = true", "self_check = false"))
+    _config(tree, health={"self_check": False})
     _submit(tree, assets, [f"lone{i}" for i in range(5)])
     bad_env = _fake_ffmpeg(tmp_path / "bad", BROKEN)
     d = daemons(tree, "solo", drain=True, env=bad_env)
@@ -138,7 +134,7 @@ def test_a_lone_broken_worker_is_bounded_and_its_quarantine_outlives_a_restart(
 
 
 def test_the_start_self_check_catches_a_missing_font(tree, assets, daemons):
-    _config(tree, ('font_file = ""', 'font_file = "/no/such/font.ttf"'))
+    _config(tree, render={"font_file": "/no/such/font.ttf"})
     _submit(tree, assets, ["needs-font"])
     d = daemons(tree, "fontless", drain=True)
     assert d.wait(timeout=60) == 0
@@ -183,7 +179,7 @@ def test_verdict_moves_on_until_two_workers_or_nobody_else():
 def test_a_crash_after_the_block_is_written_leaves_the_job_to_other_workers(tree, assets, daemons, tmp_path):
     """Crash point ``after_blocklist``: the block is durable before the job moves, so the
     restarted worker recovers the job to pending and never claims it again."""
-    _config(tree, ("self_check = true", "self_check = false"))
+    _config(tree, health={"self_check": False})
     _submit(tree, assets, ["bl"])
     env = {**_fake_ffmpeg(tmp_path / "bad", BROKEN), "SPOOL_CRASH_AT": "after_blocklist"}
     d = daemons(tree, "w1", env=env)

@@ -10,6 +10,8 @@ import time
 import invariants
 from conftest import minimal, run_cli, state_files, wait_for, write_json
 
+from spool import settings
+
 
 def _submit(tree, assets, name, **over):
     path = write_json(tree.root.parent / f"{name}.json", minimal(assets, name=name, **over))
@@ -25,7 +27,7 @@ def _drain(tree, daemons):
 
 
 def test_retry_sends_a_failed_job_back_with_the_same_job_file(tree, assets, daemons):
-    tree.config_file.write_text(tree.config_file.read_text().replace("max_attempts = 3", "max_attempts = 1"))
+    settings.write(tree.config_file, {"limits": {"max_attempts": 1}})
     jid = _submit(tree, assets, "again")
     original = (tree.pending / f"{jid}.json").read_bytes()
     os.rename(assets / "clip.mp4", assets / "clip.away")

@@ -10,15 +10,12 @@ import invariants
 import pytest
 from conftest import minimal, run_cli, state_files, wait_for, write_json
 
+from spool import settings
 from spool.tree import HOST
 
 
-def _config(tree, *pairs):
-    text = tree.config_file.read_text()
-    for old, new in pairs:
-        assert old in text, old
-        text = text.replace(old, new)
-    tree.config_file.write_text(text)
+def _config(tree, **limits):
+    settings.write(tree.config_file, {"limits": limits})
 
 
 def _submit(tree, assets, name, steps=None, **over):
@@ -41,7 +38,7 @@ def _failure(tree, jid):
 
 
 def test_output_size_cap_stops_the_render_and_fails_the_job(tree, assets, daemons):
-    _config(tree, ("output_size = 0 ", 'output_size = "200KiB" '))
+    _config(tree, output_size="200KiB")
     assert _submit(tree, assets, "huge", steps=BIG).returncode == 0
     assert daemons(tree, "w1", drain=True).wait(timeout=120) == 0
     f = _failure(tree, "huge@1")
@@ -51,7 +48,7 @@ def test_output_size_cap_stops_the_render_and_fails_the_job(tree, assets, daemon
 
 
 def test_memory_limit_applies_to_ffmpeg(tree, assets, daemons):
-    _config(tree, ("memory = 0 ", 'memory = "40MiB" '), ("max_attempts = 3", "max_attempts = 1"))
+    _config(tree, memory="40MiB", max_attempts=1)
     assert _submit(tree, assets, "starved", steps=BIG).returncode == 0
     assert daemons(tree, "w1", drain=True).wait(timeout=120) == 0
     f = _failure(tree, "starved@1")
@@ -60,7 +57,7 @@ def test_memory_limit_applies_to_ffmpeg(tree, assets, daemons):
 
 
 def test_job_timeout_stops_a_long_render(tree, assets, daemons):
-    _config(tree, ("job_timeout = 3600", "job_timeout = 0.5"))
+    _config(tree, job_timeout=0.5)
     assert _submit(tree, assets, "slow", steps=BIG).returncode == 0
     assert daemons(tree, "w1", drain=True).wait(timeout=120) == 0
     f = _failure(tree, "slow@1")
@@ -69,7 +66,7 @@ def test_job_timeout_stops_a_long_render(tree, assets, daemons):
 
 
 def test_ffmpeg_runs_nice_and_at_idle_io_priority(tree, assets, daemons):
-    _config(tree, ("nice = 10", "nice = 13"), ("ionice = 7", "ionice = 6"))
+    _config(tree, nice=13, ionice=6)
     assert _submit(tree, assets, "polite", steps=BIG).returncode == 0
     d = daemons(tree, "w1")
 
@@ -89,7 +86,7 @@ def test_ffmpeg_runs_nice_and_at_idle_io_priority(tree, assets, daemons):
 
 
 def test_a_render_that_cannot_fit_the_temp_disk_allowance_is_rejected(tree, assets):
-    _config(tree, ('temp_disk = "20GiB"', 'temp_disk = "1MiB"'))
+    _config(tree, temp_disk="1MiB")
     res = _submit(tree, assets, "too-big", steps=BIG)
     assert res.returncode == 2
     assert "recipe: this render may need" in res.stderr and "limits.temp_disk" in res.stderr
@@ -97,7 +94,7 @@ def test_a_render_that_cannot_fit_the_temp_disk_allowance_is_rejected(tree, asse
 
 def test_claims_stay_within_the_temp_disk_allowance(tree, assets, daemons):
     # Each small render reserves about 1.05 MiB: 1.5 MiB admits one at a time despite two slots.
-    _config(tree, ('temp_disk = "20GiB"', 'temp_disk = "1.5MiB"'))
+    _config(tree, temp_disk="1.5MiB")
     for i in range(3):
         assert _submit(tree, assets, f"small-{i}").returncode == 0
     d = daemons(tree, "w1")
@@ -159,7 +156,7 @@ def _fill(folder):
 
 def test_disk_full_fails_cleanly_with_a_record_and_nothing_published(small_attempts, assets, daemons):
     tree = small_attempts
-    _config(tree, ("max_attempts = 3", "max_attempts = 1"))
+    _config(tree, max_attempts=1)
     long = [{"op": "fit", "width": 1280, "height": 720}, {"op": "encode", "preset": "veryslow", "crf": 4}]
     assert _submit(tree, assets, "full", steps=long).returncode == 0
     d = daemons(tree, "w1", drain=True)

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import invariants
 from conftest import minimal, run_cli, state_files, wait_for
 
-from spool import accept, liveness
+from spool import accept, liveness, settings
 from spool.attempt import open_attempt
 from spool.model import WorkerRecord, encode
 from spool.tree import HOST, boot_id, write_atomic
@@ -123,15 +123,14 @@ def test_running_daemon_recovers_a_dead_same_host_worker_by_itself(tree, cfg, as
 def test_daemon_leaves_a_suspect_other_host_worker_alone_by_default(tree, cfg, assets, daemons):
     jid = _stranded(tree, cfg, assets, "far-quiet")
     _record(tree, "far-quiet", host="far", beat_age=3600)
-    text = tree.config_file.read_text().replace("stale_after = 120.0", "stale_after = 0.5")
-    tree.config_file.write_text(text)
+    settings.write(tree.config_file, {"recovery": {"stale_after": 0.5}})
     d = daemons(tree, "w1")
     time.sleep(3)
     assert state_files(tree)["running"] == [f"{jid}.json"]
     d.signal(signal.SIGTERM)
     d.wait()
     # with auto_recover on, the same situation is taken over by policy
-    tree.config_file.write_text(text.replace("auto_recover = false", "auto_recover = true"))
+    settings.write(tree.config_file, {"recovery": {"auto_recover": True}})
     d = daemons(tree, "w2")
     wait_for(lambda: (tree.complete / f"{jid}.json").exists(), timeout=60)
     d.signal(signal.SIGTERM)

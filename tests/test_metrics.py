@@ -13,7 +13,7 @@ from collections import defaultdict
 import pytest
 from conftest import minimal, run_cli, write_json
 
-from spool import config, metrics
+from spool import config, metrics, settings
 from spool.tree import HOST, Tree
 from spoold.daemon import Daemon
 from spoold.observers import Metrics
@@ -110,12 +110,8 @@ def values(series: dict[Series, float], name: str, **labels: str) -> list[float]
 # -- tests ---------------------------------------------------------------------------------------
 
 
-def _configure(tree: Tree, **over: str) -> None:
-    text = tree.config_file.read_text().replace("metrics_interval = 15.0", "metrics_interval = 0.5")
-    for old, new in over.items():
-        assert old in text
-        text = text.replace(old, new)
-    tree.config_file.write_text(text)
+def _configure(tree: Tree, **observe: object) -> None:
+    settings.write(tree.config_file, {"observe": {"metrics_interval": 0.5, **observe}})
 
 
 def test_each_daemon_writes_its_own_valid_file_and_together_they_add_up(tree, assets, daemons):
@@ -167,12 +163,12 @@ def test_each_daemon_writes_its_own_valid_file_and_together_they_add_up(tree, as
 
 def test_metrics_folder_is_configurable_or_off(tree, assets, daemons, tmp_path):
     elsewhere = tmp_path / "node-exporter"
-    _configure(tree, **{'metrics_dir = "metrics"': f'metrics_dir = "{elsewhere}"'})
+    _configure(tree, metrics_dir=str(elsewhere))
     assert daemons(tree, "x", drain=True).wait() == 0
     assert os.listdir(elsewhere) == [f"spool-{HOST}-x.prom"] and not (tree.root / "metrics").exists()
     assert strict_parse(run_cli("metrics", spool=tree, check=True).stdout)
 
-    _configure(tree, **{f'metrics_dir = "{elsewhere}"': 'metrics_dir = ""'})
+    _configure(tree, metrics_dir="")
     (elsewhere / f"spool-{HOST}-x.prom").unlink()
     assert daemons(tree, "x", drain=True).wait() == 0
     assert os.listdir(elsewhere) == []

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import SPOOL, minimal, run_cli, wait_for, write_json
 
-from spool import samples, status
+from spool import samples, settings, status
 from spool.events import Journal
 from spool.tree import HOST, Tree
 
@@ -29,10 +29,8 @@ def _status(tree: Tree) -> dict:
     return json.loads(run_cli("status", "--json", spool=tree, check=True).stdout)
 
 
-def _set(tree: Tree, old: str, new: str) -> None:
-    text = tree.config_file.read_text()
-    assert old in text
-    tree.config_file.write_text(text.replace(old, new))
+def _set(tree: Tree, section: str, **values: object) -> None:
+    settings.write(tree.config_file, {section: values})
 
 
 @pytest.fixture()
@@ -54,7 +52,7 @@ def slow_job(tree: Tree, assets: Path) -> str:
 
 def test_status_shows_a_running_render_with_progress_worker_and_disk(tree, assets, daemons, slow_job):
     _submit(tree, assets, "waiting", priority=-5)
-    _set(tree, "max_active = 2", "max_active = 1")
+    _set(tree, "limits", max_active=1)
     daemons(tree, "w1")
 
     def rendering() -> dict | None:

@@ -11,6 +11,7 @@ import subprocess
 import pytest
 from conftest import SPOOL, minimal, run_cli, write_json
 
+from spool import settings
 from spool.tree import Tree
 
 GROUP = "users"
@@ -29,8 +30,8 @@ def shared(tmp_path, assets):
         capture_output=True,
     )
     tree = Tree.at(root)
-    text = tree.config_file.read_text().replace("poll_interval = 2.0", "poll_interval = 0.2")
-    tree.config_file.write_text(text)
+    assert 'umask = "0002"' in tree.config_file.read_text()  # what spool init wrote
+    settings.write(tree.config_file, {"daemon": {"poll_interval": 0.2}})
     return tree, gid
 
 

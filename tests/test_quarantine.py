@@ -116,3 +116,25 @@ def test_a_crash_between_reason_and_move_is_finished_by_the_next_daemon(tree: Tr
     assert d.wait(timeout=30) == 0
     assert sorted(p.name for p in tree.quarantine.iterdir()) == ["c2@1.json", "c2@1.json.reason"]
     assert not (tree.pending / "c2@1.json").exists()
+
+
+def test_an_edited_layer_plan_is_caught_like_an_edited_recipe(tree: Tree, assets: Path):
+    steps = [
+        {"op": "trim", "duration": 0.4},
+        {"op": "text", "text": "Only £9.99", "size": 16, "fit": "shrink"},
+        {"op": "encode", "preset": "ultrafast"},
+    ]
+    sub = minimal(assets, name="lab", steps=steps)
+    run_cli("submit", str(write_json(tree.root.parent / "l.json", sub)), spool=tree, check=True)
+    path = tree.pending / "lab@1.json"
+    data = path.read_bytes()
+    assert quarantine.check(path.name, data).job_id == "lab@1"
+    job = json.loads(data)
+    assert job["layers"], "a text step freezes its box"
+    job["layers"][0]["at"][0] += 40  # move the label somewhere it was never checked
+    try:
+        quarantine.check(path.name, json.dumps(job).encode())
+    except quarantine.Damaged as d:
+        assert d.field == "recipe_hash"
+    else:
+        raise AssertionError("an edited layer plan passed the integrity check")

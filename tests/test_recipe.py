@@ -23,7 +23,7 @@ import msgspec
 import pytest
 from conftest import minimal, submission
 
-from spool import accept, claim, execute, probe, recipe
+from spool import accept, claim, execute, ffcommand, probe, recipe
 from spool.config import Config
 from spool.errors import InvalidInput
 from spool.events import Journal
@@ -516,7 +516,7 @@ def test_faststart_false_leaves_the_index_at_the_end(tree, cfg, journal, assets,
 
 
 def _argv_for(job: Job, cfg: Config) -> list[str]:
-    return recipe.command(job.recipe, {s.role: s for s in job.sources}, job.output.file, cfg.render).argv
+    return ffcommand.command(job.recipe, {s.role: s for s in job.sources}, job.output.file, cfg.render).argv
 
 
 def _opt(argv: list[str], name: str) -> str | None:
@@ -569,15 +569,16 @@ LABELS = {
 
 
 def _text_job(assets: Path, name: str, text: str) -> dict:
-    steps = [{"op": "trim", "duration": 0.4}, {"op": "text", "text": text, "size": 16, "box": True}, ENC]
-    return sub_with(assets, name, steps)
+    # "shrink": some of these labels are wider than the 320 px frame at size 16.
+    label = {"op": "text", "text": text, "size": 16, "box": True, "fit": "shrink", "min_size": 6}
+    return sub_with(assets, name, [{"op": "trim", "duration": 0.4}, label, ENC])
 
 
 @pytest.mark.parametrize("key", list(LABELS))
 def test_label_text_stays_out_of_the_command_line(tree, cfg, journal, assets, key):
     text = LABELS[key]
     r = render(tree, cfg, journal, _text_job(assets, f"label-{key}", text))
-    cmd = recipe.command(r.job.recipe, {s.role: s for s in r.job.sources}, r.job.output.file, cfg.render)
+    cmd = ffcommand.command(r.job.recipe, {s.role: s for s in r.job.sources}, r.job.output.file, cfg.render)
     assert cmd.files == {"label-0.txt": text.encode("utf-8")}
     # the exact bytes FFmpeg read are in the attempt's work folder
     assert (tree.attempt_dir(r.job.job_id, 1) / "work" / "label-0.txt").read_bytes() == text.encode("utf-8")
@@ -591,7 +592,7 @@ def test_label_text_stays_out_of_the_command_line(tree, cfg, journal, assets, ke
             for s in r.job.recipe.steps
         ],
     )
-    assert recipe.command(
+    assert ffcommand.command(
         placeholder, {s.role: s for s in r.job.sources}, r.job.output.file, cfg.render
     ).argv == (cmd.argv)
     (graph,) = [cmd.argv[i + 1] for i, a in enumerate(cmd.argv) if a == "-filter_complex"]
@@ -630,7 +631,7 @@ def test_two_labels_get_two_files(tree, cfg, journal, more):
         ENC,
     ]
     r = render(tree, cfg, journal, sub_with(more, "two-labels", steps, clip="blue.mp4"))
-    cmd = recipe.command(r.job.recipe, {s.role: s for s in r.job.sources}, r.job.output.file, cfg.render)
+    cmd = ffcommand.command(r.job.recipe, {s.role: s for s in r.job.sources}, r.job.output.file, cfg.render)
     assert cmd.files == {"label-0.txt": b"first: 'one'", "label-1.txt": b'second; "two"'}
     (graph,) = [cmd.argv[i + 1] for i, a in enumerate(cmd.argv) if a == "-filter_complex"]
     assert graph.index("textfile=label-0.txt") < graph.index("textfile=label-1.txt")
@@ -661,8 +662,8 @@ def test_command_is_pure_and_opens_inputs_as_files_only(tree, cfg, journal, asse
     sources = {s.role: s for s in job.sources}
     monkeypatch.chdir(tmp_path)
     before = sorted(os.listdir(tmp_path))
-    a = recipe.command(job.recipe, sources, job.output.file, cfg.render)
-    b = recipe.command(job.recipe, sources, job.output.file, cfg.render)
+    a = ffcommand.command(job.recipe, sources, job.output.file, cfg.render)
+    b = ffcommand.command(job.recipe, sources, job.output.file, cfg.render)
     assert a == b and a.argv is not b.argv
     assert sorted(os.listdir(tmp_path)) == before  # it wrote nothing (label files are the caller's job)
     assert a.files == {"label-0.txt": "Only £9.99".encode()}
@@ -670,7 +671,7 @@ def test_command_is_pure_and_opens_inputs_as_files_only(tree, cfg, journal, asse
     # No I/O: the same argv even when every source file has gone.
     for s in job.sources:
         os.unlink(s.path)
-    assert recipe.command(job.recipe, sources, job.output.file, cfg.render) == a
+    assert ffcommand.command(job.recipe, sources, job.output.file, cfg.render) == a
 
     argv = a.argv
     assert argv[0] == cfg.render.ffmpeg

@@ -10,16 +10,8 @@ from datetime import datetime
 import invariants
 from conftest import minimal, run_cli, state_files, wait_for, write_json
 
-from spool import retry
+from spool import retry, settings
 from spool.config import Recovery
-
-
-def _config(tree, **values):
-    text = tree.config_file.read_text()
-    for key, (old, new) in values.items():
-        assert old in text, key
-        text = text.replace(old, new)
-    tree.config_file.write_text(text)
 
 
 def test_backoff_doubles_and_is_capped():
@@ -29,7 +21,7 @@ def test_backoff_doubles_and_is_capped():
 
 
 def test_transient_source_loss_is_retried_after_a_delay_and_then_succeeds(tree, assets, daemons):
-    _config(tree, backoff=("backoff = 10.0", "backoff = 1.5"))
+    settings.write(tree.config_file, {"recovery": {"backoff": 1.5}})
     run_cli(
         "submit",
         str(write_json(tree.root.parent / "j.json", minimal(assets, name="flaky"))),
@@ -62,9 +54,7 @@ def test_transient_source_loss_is_retried_after_a_delay_and_then_succeeds(tree, 
 
 
 def test_retries_stop_at_max_attempts_with_a_failure_record(tree, assets, daemons):
-    _config(
-        tree, backoff=("backoff = 10.0", "backoff = 0.1"), attempts=("max_attempts = 3", "max_attempts = 2")
-    )
+    settings.write(tree.config_file, {"recovery": {"backoff": 0.1}, "limits": {"max_attempts": 2}})
     run_cli(
         "submit",
         str(write_json(tree.root.parent / "j.json", minimal(assets, name="gone"))),

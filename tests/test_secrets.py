@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 from conftest import minimal, run_cli, write_json
 
-from spool import secrets
+from spool import secrets, settings
 from spool.events import Journal
 from spool.execute import scrub
 from spool.model import Failure
@@ -28,8 +28,7 @@ def test_planted_tokens_are_redacted_everywhere(tree, assets, daemons, tmp_path)
     file_token = "ftok-" + pysecrets.token_hex(12)
     token_file = tmp_path / "provider.token"  # outside the spool, as the config comment says
     token_file.write_text(file_token + "\n")
-    text = tree.config_file.read_text().replace("files = []", f'files = ["{token_file}"]')
-    tree.config_file.write_text(text)
+    settings.write(tree.config_file, {"secrets": {"files": [str(token_file)]}})
     # A source whose metadata carries both tokens: FFmpeg prints input metadata in its log.
     leaky = assets / "leaky.mp4"
     subprocess.run(

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 from conftest import minimal, run_cli, state_files, wait_for, write_json
 
-from spool import thumbs
+from spool import settings, thumbs
 
 
 def _submit(tree, assets, name, **over):
@@ -33,8 +33,7 @@ def _width(path) -> int:
 
 
 def test_poster_frame_is_made_after_publish_and_named_by_hash(tree, assets, daemons):
-    text = tree.config_file.read_text().replace("thumbnail_width = 320", "thumbnail_width = 160")
-    tree.config_file.write_text(text)
+    settings.write(tree.config_file, {"observe": {"thumbnail_width": 160}})
     _submit(tree, assets, "pictured")
     assert daemons(tree, "w1", drain=True).wait() == 0
     manifest = json.loads(tree.manifest_file("pictured@1").read_text())
@@ -55,8 +54,7 @@ def test_a_thumbnail_failure_never_fails_a_job(tree, assets, daemons):
 
 
 def test_no_thumbnails_when_turned_off(tree, assets, daemons):
-    text = tree.config_file.read_text().replace("thumbnail_width = 320", "thumbnail_width = 0")
-    tree.config_file.write_text(text)
+    settings.write(tree.config_file, {"observe": {"thumbnail_width": 0}})
     _submit(tree, assets, "plain")
     assert daemons(tree, "w1", drain=True).wait() == 0
     assert state_files(tree)["complete"] == ["plain@1.json"] and not (tree.root / "thumbs").exists()

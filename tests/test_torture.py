@@ -35,6 +35,7 @@ def test_bounded_torture_run_loses_nothing(tmp_path):
     assert f["partial_at_final"] == 0, f["details"]
     assert f["fsck_problems"] == 0, f["details"]
     assert f["independent_problems"] == 0, f["details"]
+    assert f["damaged_not_quarantined"] == 0  # every damaged file dropped into pending/ ends in quarantine/
     assert f["complete"] + f["failed"] == f["jobs"]
     assert f["kills"] >= 1
     assert proc.returncode == 0

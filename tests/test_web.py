@@ -20,7 +20,7 @@ import pytest
 import webdriver
 from conftest import SPOOL, Daemon, minimal, run_cli, wait_for, write_json
 
-from spool import config, samples
+from spool import samples, settings
 from spool.tree import Tree
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
@@ -81,16 +81,15 @@ def seeded(tmp_path_factory: pytest.TempPathFactory, media: dict[str, Path]) -> 
     samples.clip(assets / "long.mp4", seconds=20.0, size="320x240", rate=25)
     tree = Tree.at(root / "spool")
     tree.create()
-    text = config.template([str(assets)])
-    for old, new in (
-        ("poll_interval = 2.0", "poll_interval = 0.2"),
-        ("heartbeat_interval = 5.0", "heartbeat_interval = 0.5"),
-        ("page_refresh = 5.0", "page_refresh = 0.5"),
-        ("max_active = 2", "max_active = 1"),
-        ("stop_grace = 30.0", "stop_grace = 0.5"),
-    ):
-        text = text.replace(old, new)
-    tree.config_file.write_text(text)
+    settings.write(
+        tree.config_file,
+        {
+            "assets": {"roots": [str(assets)]},
+            "daemon": {"poll_interval": 0.2, "heartbeat_interval": 0.5, "stop_grace": 0.5},
+            "observe": {"page_refresh": 0.5},
+            "limits": {"max_active": 1},
+        },
+    )
 
     def submit(name: str, sub: dict) -> None:
         run_cli("submit", str(write_json(root / f"{name}.json", sub)), spool=tree, check=True)
@@ -125,6 +124,7 @@ def test_api_status_has_what_the_page_shows(server):
         "complete": 2,
         "failed": 1,
         "rejected": 1,
+        "quarantine": 0,
     }
     assert d["refresh_seconds"] == 0.5
     assert [r["job_id"] for r in d["recent"]] == ["second@1", "first@1"]

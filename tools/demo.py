@@ -47,7 +47,15 @@ def variant(name: str, width: int, height: int, assets: dict[str, Path]) -> dict
                     "mode": "pad" if width >= height else "crop",
                 },
                 {"op": "fps", "fps": 25},
-                {"op": "overlay", "source": "logo", "position": "top-right", "scale": 0.18},
+                # "social": the safe area of the frame's aspect (9:16 keeps clear of the
+                # bands the apps' own UI covers); see README "Required layers".
+                {
+                    "op": "overlay",
+                    "source": "logo",
+                    "position": "top-right",
+                    "scale": 0.18,
+                    "safe_area": "social",
+                },
                 {
                     "op": "text",
                     "text": "The Morning Mug – only £9.99",
@@ -56,6 +64,11 @@ def variant(name: str, width: int, height: int, assets: dict[str, Path]) -> dict
                     "box": True,
                     "start": 0.5,
                     "end": 3.5,
+                    # Size 71 on the 720 px wide 9:16 frame would cut off the price:
+                    # shrink to the largest size whose box fits the safe area.
+                    "fit": "shrink",
+                    "min_size": 24,
+                    "safe_area": "social",
                 },
                 {
                     "op": "audio",

@@ -34,7 +34,7 @@ from collections import Counter
 from datetime import datetime
 from pathlib import Path
 
-from spool import accept, config
+from spool import accept, config, settings
 from spool.tree import Tree
 
 BIN = Path(sys.executable).parent
@@ -44,16 +44,15 @@ TAGS = {"campaign": "bench", "locale": "en", "asset_type": "test", "visibility":
 def _spool(home: Path, name: str, poll: float, max_active: int) -> Tree:
     t = Tree.at(home / name)
     t.create()
-    text = config.template([])
-    for old, new in (
-        ("poll_interval = 2.0", f"poll_interval = {poll}"),
-        ("max_active = 2 ", f"max_active = {max_active} "),
-        ('metrics_dir = "metrics"', 'metrics_dir = ""'),
-        ("thumbnail_width = 320", "thumbnail_width = 0"),
-        ("allow_noop = false", "allow_noop = true"),
-    ):
-        text = text.replace(old, new)
-    t.config_file.write_text(text)
+    settings.write(
+        t.config_file,
+        {
+            "daemon": {"poll_interval": poll},
+            "limits": {"max_active": max_active},
+            "observe": {"metrics_dir": "", "thumbnail_width": 0},
+            "acceptance": {"allow_noop": True},
+        },
+    )
     return t
 
 

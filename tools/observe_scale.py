@@ -23,7 +23,7 @@ import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from spool import config
+from spool import settings
 from spool.kinds import NoopJob as Job
 from spool.model import (
     AttemptRecord,
@@ -48,7 +48,7 @@ TAGS = {"campaign": "scale", "locale": "en-GB", "asset_type": "ad", "visibility"
 def build(root: Path, jobs: int, all_pending: bool = False) -> dict[str, int]:
     tree = Tree.at(root)
     tree.create()
-    tree.config_file.write_text(config.template([]).replace("allow_noop = false", "allow_noop = true"))
+    settings.write(tree.config_file, {"acceptance": {"allow_noop": True}})
     split = {
         "complete": 0 if all_pending else jobs * 45 // 100,
         "failed": 0 if all_pending else jobs * 4 // 100,
@@ -191,8 +191,7 @@ def time_cli_and_page(root: Path) -> None:
 
 def daemon_memory(root: Path) -> None:
     """Resident memory of a daemon whose pending/ holds the spool's jobs (noop, one slot)."""
-    text = (root / "spool.toml").read_text().replace("max_active = 2", "max_active = 1")
-    (root / "spool.toml").write_text(text.replace("metrics_interval = 15.0", "metrics_interval = 2.0"))
+    settings.write(root / "spool.toml", {"limits": {"max_active": 1}, "observe": {"metrics_interval": 2.0}})
     d = subprocess.Popen(
         [str(BIN / "spoold"), "run", "--spool", str(root), "--worker", "rss"],
         stderr=subprocess.DEVNULL,

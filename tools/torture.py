@@ -37,14 +37,17 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import invariants
 
-from spool import samples
-from spool.faults import POINTS
+from spool import health, samples, settings
+from spool.faults import OTHER_POINTS, POINTS
 
 BIN = Path(sys.executable).parent
+SPOOL = str(BIN / "spool")
 TAGS = {"campaign": "torture", "locale": "en", "asset_type": "test", "visibility": "internal"}
 
 
@@ -63,7 +66,9 @@ def job(i: int, assets: Path, rng: random.Random) -> dict[str, object]:
         steps.append({"op": "overlay", "source": "logo", "scale": 0.2})
         sources["logo"] = str(assets / "logo.png")
     if rng.random() < 0.5:
-        steps.append({"op": "text", "text": f"take {i}: 50% off — 'now'", "size": 12, "box": True})
+        # "shrink": a label must fit the safe area of the smallest frames drawn here (issue 15)
+        text = f"take {i}: 50% off — 'now'"
+        steps.append({"op": "text", "text": text, "size": 12, "box": True, "fit": "shrink"})
     if rng.random() < 0.3:
         steps.append({"op": "audio", "mode": "mix", "source": "music"})
         sources["music"] = str(assets / "music.m4a")
@@ -133,57 +138,125 @@ class Worker:
         return out
 
 
+@dataclass(frozen=True)
+class Layout:
+    base: Path  # the run's scratch folder: assets, logs (and the spool unless --mounts)
+    spool: Path  # the spool as setup and checks see it (the server's side across mounts)
+    views: list[Path]  # the spool's path as each worker sees it
+    assets: Path
+    logs: Path
+
+
 def run(args: argparse.Namespace) -> dict[str, object]:
     rng = random.Random(args.seed)
+    lay = _layout(args)
+    _make_spool(lay, args.max_attempts)
+    ids = _submit(lay, args.jobs, rng)
+    started = time.monotonic()
+    workers = [Worker(lay.views[k % len(lay.views)], f"w{k}", lay.logs) for k in range(args.workers)]
+    for w in workers:
+        w.start()
+    kills, crash_points, damaged = _kill_at_random(workers, lay.spool, rng, args)
+    _drain(workers, lay.views[0], args.timeout)
+    wall = time.monotonic() - started
+    found = _check(lay.spool, ids)
+    stray = [n for n in damaged if not (lay.spool / "quarantine" / n).exists()]
+    figures: dict[str, object] = {
+        "jobs": args.jobs,
+        "complete": found["complete"],
+        "failed": found["failed"],
+        "kills": sum(kills.values()),
+        "kills_daemon": kills["daemon"],
+        "kills_ffmpeg": kills["ffmpeg"],
+        "daemon_lives": sum(w.lives for w in workers),
+        "crash_points_hit": dict(sorted(crash_points.items())),
+        "damaged_dropped": len(damaged),
+        "damaged_not_quarantined": len(stray),
+        "recoveries": found["recoveries"],
+        "lost": len(found["lost"]),
+        "double_published": len(found["double"]),
+        "partial_at_final": len(found["partial"]),
+        "fsck_problems": len(found["fsck"]),
+        "independent_problems": len(found["independent"]),
+        "wall_seconds": round(wall, 1),
+        "spool": str(lay.spool),
+        "details": {k: found[k][:10] for k in ("lost", "double", "fsck", "independent")},
+    }
+    figures["mounts"] = [str(v) for v in lay.views] if args.mounts else []
+    clean = not any(found[k] for k in ("lost", "double", "partial", "fsck", "independent"))
+    if not args.keep and clean:
+        shutil.rmtree(lay.base, ignore_errors=True)
+        if args.mounts:
+            shutil.rmtree(lay.spool, ignore_errors=True)
+        figures["spool"] = "(removed)"
+    return figures
+
+
+def _layout(args: argparse.Namespace) -> Layout:
+    """Where the run lives; across mounts the spool is a fresh folder in the shared export."""
     base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="spool-torture-"))
     base.mkdir(parents=True, exist_ok=True)
     spool, assets, logs = base / "spool", base / "assets", base / "logs"
     for d in (assets, logs):
         d.mkdir(exist_ok=True)
-    views = [spool]  # the spool's path as each worker sees it
+    views = [spool]
     if args.mounts:
         mounts = [Path(m).absolute() for m in args.mounts.split(",") if m]
         name = f"spool-torture-{os.getpid()}"
         spool = (Path(args.export).absolute() if args.export else mounts[0]) / name
         views = [m / name for m in mounts]
-    if spool.exists():
-        shutil.rmtree(spool)
-    samples.clip(assets / "clip.mp4", seconds=2.0, size="320x240")
-    samples.logo(assets / "logo.png", size="80x40")
-    samples.music(assets / "music.m4a", seconds=3.0)
-    spoolcmd = str(BIN / "spool")
+    return Layout(base, spool, views, assets, logs)
+
+
+def _make_spool(lay: Layout, max_attempts: int) -> None:
+    """Tiny real media, ``spool init``, and fast settings: quick polls, short backoff."""
+    if lay.spool.exists():
+        shutil.rmtree(lay.spool)
+    samples.clip(lay.assets / "clip.mp4", seconds=2.0, size="320x240")
+    samples.logo(lay.assets / "logo.png", size="80x40")
+    samples.music(lay.assets / "music.m4a", seconds=3.0)
     subprocess.run(
-        [spoolcmd, "init", str(spool), "--asset-root", str(assets)], check=True, stdout=subprocess.DEVNULL
+        [SPOOL, "init", str(lay.spool), "--asset-root", str(lay.assets)],
+        check=True,
+        stdout=subprocess.DEVNULL,
     )
-    cfg = (spool / "spool.toml").read_text()
-    for old, new in (
-        ("poll_interval = 2.0", "poll_interval = 0.2"),
-        ("heartbeat_interval = 5.0", "heartbeat_interval = 0.5"),
-        ("max_attempts = 3", f"max_attempts = {args.max_attempts}"),
-        ("backoff = 10.0", "backoff = 0.2"),
-        ("backoff_max = 600.0", "backoff_max = 2.0"),
-    ):
-        cfg = cfg.replace(old, new)
-    (spool / "spool.toml").write_text(cfg)
+    settings.write(
+        lay.spool / "spool.toml",
+        {
+            "daemon": {"poll_interval": 0.2, "heartbeat_interval": 0.5},
+            "limits": {"max_attempts": max_attempts},
+            "recovery": {"backoff": 0.2, "backoff_max": 2.0},
+        },
+    )
 
+
+def _submit(lay: Layout, jobs: int, rng: random.Random) -> list[str]:
+    """Drop ``jobs`` submissions into ``incoming/`` (temp name, then rename); their job ids."""
     ids = []
-    for i in range(args.jobs):
-        sub = job(i, assets, rng)
-        tmp = spool / "incoming" / f"t{i:04d}.json.tmp"
+    for i in range(jobs):
+        sub = job(i, lay.assets, rng)
+        tmp = lay.spool / "incoming" / f"t{i:04d}.json.tmp"
         tmp.write_text(json.dumps(sub))
-        os.rename(tmp, spool / "incoming" / f"t{i:04d}.json")
+        os.rename(tmp, lay.spool / "incoming" / f"t{i:04d}.json")
         ids.append(f"t{i:04d}@1")
+    return ids
 
-    started = time.monotonic()
-    workers = [Worker(views[k % len(views)], f"w{k}", logs) for k in range(args.workers)]
-    for w in workers:
-        w.start()
+
+def _kill_at_random(
+    workers: list[Worker], spool: Path, rng: random.Random, args: argparse.Namespace
+) -> tuple[Counter[str], Counter[str], list[str]]:
+    """``args.kills`` SIGKILLs of a daemon or one of its FFmpeg children, at random moments;
+    dead daemons come back (some with a crash point); now and then a damaged job file
+    appears in pending/. Returns kills, crash points hit and the damaged files dropped."""
     kills: Counter[str] = Counter()
     crash_points: Counter[str] = Counter()
+    damaged: list[str] = []
     while sum(kills.values()) < args.kills:
         time.sleep(rng.uniform(0.05, args.max_gap))
         if _remaining(spool) == 0:
             break  # everything finished before the kills ran out
+        if rng.random() < 0.15:
+            damaged.append(_drop_damaged(spool, len(damaged), rng))
         for w in workers:
             if not w.alive() and w.crash_at and w.proc is not None and w.proc.returncode == -signal.SIGKILL:
                 crash_points[w.crash_at] += 1  # it died at its crash point
@@ -204,77 +277,83 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         kills["daemon"] += 1
         if rng.random() < 0.8:  # most come back at once; some stay down for a while
             victim.start(crash_at=_maybe_point(rng, args))
-    # Drain: every worker comes back without crash points and runs until nothing is left.
+    return kills, crash_points, damaged
+
+
+def _drain(workers: list[Worker], view: Path, timeout: float) -> None:
+    """Every worker comes back without crash points and runs until nothing is left; then
+    ``spool recover`` for good measure. A worker that quarantined itself (FFmpeg killed
+    under it three times in a row looks like a broken host) is released first, as an
+    operator would after the storm."""
     for w in workers:
         if w.alive():
             w.kill()
+    from spool.tree import Tree
+
+    tree = Tree.at(view)
+    for q in tree.workers.glob("*.quarantined"):
+        health.release(tree, q.name[: -len(".quarantined")])
     for w in workers:
         w.start(drain=True)
-    deadline = time.monotonic() + args.timeout
+    deadline = time.monotonic() + timeout
     for w in workers:
         assert w.proc is not None
         try:
             w.proc.wait(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             w.kill()
-    subprocess.run([spoolcmd, "recover", "--spool", str(views[0])], stdout=subprocess.DEVNULL, check=False)
-    wall = time.monotonic() - started
+    subprocess.run([SPOOL, "recover", "--spool", str(view)], stdout=subprocess.DEVNULL, check=False)
 
+
+def _check(spool: Path, ids: list[str]) -> dict[str, Any]:
+    """What the run left: job states, jobs lost or published twice, partial files at final
+    paths, and the problems ``spool fsck`` and tools/invariants.py find."""
     fsck = subprocess.run(
-        [spoolcmd, "fsck", "--spool", str(spool), "--json", "--no-repair"], capture_output=True, text=True
+        [SPOOL, "fsck", "--spool", str(spool), "--json", "--no-repair"], capture_output=True, text=True
     )
     fsck_problems = json.loads(fsck.stdout)["problems"] if fsck.stdout.strip() else [{"problem": fsck.stderr}]
     independent = invariants.check(spool)
     states = {jid: _state(spool, jid) for jid in ids}
-    lost = [j for j, s in states.items() if s not in ("complete", "failed")]
     completes: Counter[str] = Counter()
     for f in (spool / "events").glob("*.jsonl"):
         for line in f.read_text().splitlines():
             ev = json.loads(line)
             if ev["to"] == "complete":
                 completes[ev["job"]] += 1
-    double = sorted(j for j, n in completes.items() if n > 1)
     decisions: Counter[str] = Counter()
     for rec in (spool / "attempts").glob("*/recovery-*.json"):
         if rec.name.endswith(".validate.log"):
             continue
         decisions[json.loads(rec.read_text())["decision"]] += 1
-    partial = [p for p in independent if p.startswith("invariant 2")]
-    figures: dict[str, object] = {
-        "jobs": args.jobs,
+    return {
         "complete": sum(1 for s in states.values() if s == "complete"),
         "failed": sum(1 for s in states.values() if s == "failed"),
-        "kills": sum(kills.values()),
-        "kills_daemon": kills["daemon"],
-        "kills_ffmpeg": kills["ffmpeg"],
-        "daemon_lives": sum(w.lives for w in workers),
-        "crash_points_hit": dict(sorted(crash_points.items())),
+        "lost": [j for j, s in states.items() if s not in ("complete", "failed")],
+        "double": sorted(j for j, n in completes.items() if n > 1),
+        "partial": [p for p in independent if p.startswith("invariant 2")],
+        "fsck": fsck_problems,
+        "independent": independent,
         "recoveries": dict(sorted(decisions.items())),
-        "lost": len(lost),
-        "double_published": len(double),
-        "partial_at_final": len(partial),
-        "fsck_problems": len(fsck_problems),
-        "independent_problems": len(independent),
-        "wall_seconds": round(wall, 1),
-        "spool": str(spool),
-        "details": {
-            "lost": lost[:10],
-            "double": double[:10],
-            "fsck": fsck_problems[:10],
-            "independent": independent[:10],
-        },
     }
-    figures["mounts"] = [str(v) for v in views] if args.mounts else []
-    if not args.keep and not (lost or double or partial or fsck_problems or independent):
-        shutil.rmtree(base, ignore_errors=True)
-        if args.mounts:
-            shutil.rmtree(spool, ignore_errors=True)
-        figures["spool"] = "(removed)"
-    return figures
 
 
 def _maybe_point(rng: random.Random, args: argparse.Namespace) -> str | None:
-    return rng.choice(POINTS) if rng.random() < args.crash_point_rate else None
+    """A render path's crash point, or now and then one off it (a quarantine's reason
+    written but the file not yet moved; a block written but the job not yet moved on)."""
+    if rng.random() >= args.crash_point_rate:
+        return None
+    return rng.choice(OTHER_POINTS) if rng.random() < 0.2 else rng.choice(POINTS)
+
+
+#: Files dropped straight into pending/ that can never run: each must end in quarantine/.
+DAMAGED = (b'{"job_id": "x", broken', b"[]", b'{"operation": "noop"}')
+
+
+def _drop_damaged(spool: Path, k: int, rng: random.Random) -> str:
+    """A damaged job file in pending/ (a hand edit gone wrong, a half-copied file)."""
+    name = f"zz-damaged-{k:03d}@1.json"
+    (spool / "pending" / name).write_bytes(rng.choice(DAMAGED))
+    return name
 
 
 def _state(spool: Path, jid: str) -> str:
@@ -342,6 +421,7 @@ def main() -> int:
         or f["partial_at_final"]
         or f["fsck_problems"]
         or f["independent_problems"]
+        or f["damaged_not_quarantined"]
     )
     return 1 if bad else 0
 

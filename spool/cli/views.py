@@ -187,6 +187,17 @@ def _manifest(m: Manifest, thumbnail: str | None) -> list[RenderableType]:
             f"({v.decode_check} decode, {checks})"
         ),
     ]
+    for layer in v.layers or []:  # required layers (spool.layers): box, safe area, verdict
+        x, y, w, h = layer.box
+        sx, sy, sw, sh = layer.safe
+        size = f" size {layer.size}" if layer.size is not None else ""
+        out.append(
+            Text(
+                f"  layer steps[{layer.step}] {layer.op}{size}: {w}x{h} at {x},{y}; "
+                f"safe area {layer.safe_area} {sw}x{sh} at {sx},{sy}: {layer.verdict}",
+                style="" if layer.verdict == "inside" else "red",
+            )
+        )
     if thumbnail:
         out.append(Text(f"  poster frame {thumbnail}", style="dim"))
     return out

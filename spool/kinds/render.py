@@ -14,11 +14,13 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import health, intent, recipe, render, store
+import msgspec
+
+from .. import ffcommand, health, intent, layers, recipe, render, store
 from .. import sources as sources_
 from ..errors import Failed, Interrupted, InvalidInput
 from ..faults import crashpoint
-from ..model import JobBase, Output, Progress, Source, ValidationReport
+from ..model import JobBase, LayerBox, Output, Progress, Source, ValidationReport
 from ..validate import validate
 from .base import Kind, Produced
 
@@ -34,6 +36,9 @@ class RenderJob(JobBase, tag="render"):
     """A render job file: the recipe, frozen with its sources."""
 
     recipe: recipe.Recipe
+    layers: list[LayerBox] = msgspec.field(
+        default_factory=list
+    )  # text/overlay boxes fixed at acceptance (spool.layers); drawn exactly
 
 
 class Render(Kind[RenderJob]):
@@ -84,23 +89,30 @@ class Render(Kind[RenderJob]):
                 file=out_file, container=rec.encode.container, expect=expect, stated=sub.output.expect
             ),
             estimate_bytes=estimate,
+            layers=layers.plan(rec, sources, cfg.layers, cfg.render),  # rejects a label that cannot fit
         )
         job.recipe_hash = self.spec_hash(job)
         return job
 
     def spec(self, job: RenderJob) -> object:
-        return job.recipe
+        """The recipe, and the layer plan frozen with it: both decide what is drawn,
+        so an edit to either is caught at claim. A job without layers hashes its
+        recipe alone, as jobs always have."""
+        if not job.layers:
+            return job.recipe
+        return {"recipe": job.recipe, "layers": job.layers}
 
     # -- an attempt ---------------------------------------------------------------
     def produce(self, ctx: Context, job: RenderJob, attempt: Attempt) -> Produced:
         before = rehash_sources(job)
+        layers.check_fonts(job.layers)  # the exact font each label was measured with, or a host fault
         out = _run_ffmpeg(ctx, job, attempt)
         _classify(ctx, job, attempt, out)
         unchanged_since(job, before)
         return Produced(attempt.work / job.output.file, out.seconds)
 
     def check(self, cfg: Config, job: RenderJob, candidate: Path, log: Path) -> ValidationReport:
-        return validate(candidate, job.output.container, job.output.expect, cfg, log)
+        return validate(candidate, job.output.container, job.output.expect, cfg, log, job.layers)
 
 
 KIND = Render()
@@ -187,7 +199,9 @@ def _rehash(src: Source) -> Fingerprint:
 
 def _run_ffmpeg(ctx: Context, job: RenderJob, attempt: Attempt) -> render.RenderOutcome:
     """FFmpeg under the operator's limits, watched for stop, timeout and cancel."""
-    cmd = recipe.command(job.recipe, {s.role: s for s in job.sources}, job.output.file, ctx.cfg.render)
+    cmd = ffcommand.command(
+        job.recipe, {s.role: s for s in job.sources}, job.output.file, ctx.cfg.render, job.layers
+    )
     first = [True]
 
     def on_progress(p: Progress) -> None:

@@ -236,49 +236,15 @@ def rmtree(path: Path) -> None:
 # -- spools ----------------------------------------------------------------------------------
 
 
-def toml_value(v: object) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, list):
-        return "[" + ", ".join(toml_value(x) for x in v) + "]"
-    return str(v)
-
-
-def configure(template: str, settings: dict[str, dict[str, object]]) -> str:
-    """Set ``[section] key = value`` lines in the commented template ``spool init`` writes."""
-    out, section, todo = [], "", {s: dict(kv) for s, kv in settings.items()}
-    for line in template.splitlines():
-        stripped = line.strip()
-        if stripped.startswith("[") and stripped.endswith("]"):
-            for k, v in todo.get(section, {}).items():  # keys the template lacks
-                out.append(f"{k} = {toml_value(v)}")
-            todo.pop(section, None)
-            section = stripped[1:-1]
-        key = stripped.split("=", 1)[0].strip() if "=" in stripped and not stripped.startswith("#") else ""
-        if key and key in todo.get(section, {}):
-            out.append(f"{key} = {toml_value(todo[section].pop(key))}")
-            continue
-        out.append(line)
-    for k, v in todo.get(section, {}).items():
-        out.append(f"{k} = {toml_value(v)}")
-    todo.pop(section, None)
-    for s, kv in todo.items():
-        out.append(f"\n[{s}]")
-        out += [f"{k} = {toml_value(v)}" for k, v in kv.items()]
-    return "\n".join(out) + "\n"
-
-
 def make_spool(root: Path, settings: dict[str, dict[str, object]], asset_roots: Sequence[str] = ()) -> Path:
-    """A fresh spool at ``root`` whose spool.toml has the template's defaults plus ``settings``."""
-    from spool import config
+    """A fresh spool at ``root`` whose spool.toml has the defaults plus ``settings``."""
+    from spool import settings as spool_settings
     from spool.tree import Tree
 
     tree = Tree.at(root)
     tree.create()
-    tree.config_file.write_text(configure(config.template(list(asset_roots)), settings))
-    config.load(tree.config_file)  # a bad setting fails here, not in a daemon
+    # Every section and key is checked against spool's typed Config: a bad setting fails here.
+    spool_settings.write(tree.config_file, {"assets": {"roots": list(asset_roots)}, **settings})
     return root
 
 

@@ -154,6 +154,8 @@ class SpoolRun:
 
 class Bench:
     def __init__(self, base: Path, spec: Spec, src: dict[str, Path]) -> None:
+        from spool import config
+
         self.base = base
         self.spec = spec
         self.src = src
@@ -168,10 +170,7 @@ class Bench:
         self.n = 0
         self.argv: list[str] = []
         self.labels: dict[str, bytes] = {}
-        cfg = (self.spools["sampled"] / "spool.toml").read_text()
-        self.nice = int(
-            next(ln.split("=")[1].split("#")[0] for ln in cfg.splitlines() if ln.startswith("nice"))
-        )
+        self.nice = config.load(self.spools["sampled"] / "spool.toml").limits.nice
 
     def spool(self, mode: str) -> SpoolRun:
         root = self.spools[mode]
@@ -257,13 +256,50 @@ def keys(mode: str) -> list[str]:
     ]
 
 
-def run(mode: str) -> tuple[list[Row], list[str]]:
-    from spool import probe, store
+@dataclass
+class Measured:
+    """One render benchmark's samples: per runner (``bare`` seconds, or SpoolRuns per decode
+    mode), and the library functions timed from outside."""
 
+    res: dict[str, Any]
+    probe: float
+    hash_sources: float
+    hash_output: float
+    output_mb: float
+    nice: int
+
+    @property
+    def bare(self) -> list[float]:
+        return list(self.res["bare"])
+
+    @property
+    def sampled(self) -> list[SpoolRun]:
+        return list(self.res["sampled"])
+
+
+def run(mode: str) -> tuple[list[Row], list[str]]:
     spec = SPECS[mode]
     rounds = 1 if mode == "smoke" else 3
+    m = measure(spec, rounds)
+    rows = [*_overhead_rows(spec, m), *_end_to_end_rows(spec, m), *_where_rows(m)]
+    notes = [
+        "render: the target ratio is (bare + spool's time around FFmpeg) / bare per round, spool's time "
+        "around FFmpeg = claim->complete minus the attempt's own render_seconds (validation, hashing, "
+        "records, store, moves): FFmpeg's own run-to-run spread on this shared machine is wider than 5 %; "
+        "whether FFmpeg runs slower under spool is the 'FFmpeg inside spool' row (pairwise).",
+        f"render: {spec.label}, logo, label, music mixed + loudnorm, H.264 {spec.preset} CRF 20 + AAC; "
+        f"{rounds} rounds of [bare, none, sampled, full] rotated, after one uncounted warm-up job; "
+        f"bare FFmpeg at spool's niceness ({m.nice}); ratio = median of per-round spool/bare.",
+    ]
+    return rows, notes
+
+
+def measure(spec: Spec, rounds: int) -> Measured:
+    """A warm-up job, then ``rounds`` rotated rounds of bare FFmpeg and spool in each decode
+    mode, then spool's probe and hash functions timed on the same files."""
+    from spool import probe, store
+
     src = media(spec)
-    rows: list[Row] = []
     with scratch("disk", "render") as base:
         b = Bench(base, spec, src)
         log(f"render: {spec.label}, preset {spec.preset}; warm-up job through spool (not counted)")
@@ -272,34 +308,41 @@ def run(mode: str) -> tuple[list[Row], list[str]]:
         log(f"render: {rounds} rounds of bare FFmpeg and spool with decode_check none, sampled, full")
         runners: dict[str, Any] = {"bare": b.bare, **{m: (lambda m=m: b.spool(m)) for m in DECODE_MODES}}
         res = interleave(rounds, runners)
-        bare: list[float] = res["bare"]
         for m in DECODE_MODES:
             runs: list[SpoolRun] = res[m]
             c2c, ren, val = (
                 median([getattr(r, a) for r in runs]) for a in ("claim_to_complete", "render", "validate")
             )
             log(f"  {m:8} claim->complete {c2c:.2f} s, render {ren:.2f} s, validate {val:.2f} s")
-        log(f"  bare     {median(bare):.2f} s")
+        log(f"  bare     {median(res['bare']):.2f} s")
 
         # Where the time goes, for what no record holds: spool's own functions, timed from outside.
-        probe_s = _time(lambda: [probe.ffprobe(p) for p in src.values()])
-        hash_src = _time(lambda: [store.sha256_file(p) for p in src.values()])
         out = warm.output
-        hash_out = _time(lambda: store.sha256_file(out))
-        out_mb = out.stat().st_size / 1e6
+        return Measured(
+            res=res,
+            probe=_time(lambda: [probe.ffprobe(p) for p in src.values()]),
+            hash_sources=_time(lambda: [store.sha256_file(p) for p in src.values()]),
+            hash_output=_time(lambda: store.sha256_file(out)),
+            output_mb=out.stat().st_size / 1e6,
+            nice=b.nice,
+        )
 
-    sampled: list[SpoolRun] = res["sampled"]
-    for m in DECODE_MODES:
-        runs = res[m]
+
+def _overhead_rows(spec: Spec, m: Measured) -> list[Row]:
+    """Per decode mode: spool's time around FFmpeg against bare FFmpeg (the target row)."""
+    rows = []
+    bare = m.bare
+    for mode in DECODE_MODES:
+        runs: list[SpoolRun] = m.res[mode]
         around = [r.claim_to_complete - r.render for r in runs]
         # (bare + spool's own time in the same round) / bare: FFmpeg's run-to-run spread on a
         # shared machine is wider than the 5 % measured, so spool's share comes from its records.
         ratio = median([(b + a) / b for a, b in zip(around, bare, strict=True)])
-        target = m == "sampled"
+        target = mode == "sampled"
         rows.append(
             Row(
-                key=f"render.overhead.{m}",
-                measure=f"render {spec.label}: spool's time around FFmpeg, decode {m}",
+                key=f"render.overhead.{mode}",
+                measure=f"render {spec.label}: spool's time around FFmpeg, decode {mode}",
                 unit="s",
                 spool=median(around),
                 peer="bare FFmpeg (same argv)",
@@ -311,50 +354,56 @@ def run(mode: str) -> tuple[list[Row], list[str]]:
                 | {"bare": bare},
             )
         )
-    claim_to_complete = [r.claim_to_complete for r in sampled]
-    rows.append(
-        Row(
-            key="render.claim_to_complete.sampled",
-            measure=f"render {spec.label}: claim->complete, decode sampled",
-            unit="s",
-            spool=median(claim_to_complete),
-            peer="bare FFmpeg (same argv)",
-            peer_value=median(bare),
-            ratio=median(pair_ratios(claim_to_complete, bare)),
-        )
-    )
-    e2e = [r.end_to_end for r in sampled]
-    rows.append(
-        Row(
-            key="render.end_to_end.sampled",
-            measure=f"render {spec.label}: submit + spoold --drain, decode sampled",
-            unit="s",
-            spool=median(e2e),
-            peer="bare FFmpeg (same argv)",
-            peer_value=median(bare),
-            ratio=median(pair_ratios(e2e, bare)),
-        )
-    )
-    rows.append(
-        Row(
-            key="render.split.render",
-            measure="  where: FFmpeg inside spool (render_seconds)",
-            unit="s",
-            spool=median([r.render for r in sampled]),
-            peer="bare FFmpeg (same argv)",
-            peer_value=median(bare),
-            ratio=median(pair_ratios([r.render for r in sampled], bare)),
-        )
-    )
-    for m in DECODE_MODES:
+    return rows
+
+
+def _end_to_end_rows(spec: Spec, m: Measured) -> list[Row]:
+    """claim->complete, submit + drain and FFmpeg inside spool, each against bare FFmpeg."""
+    bare, sampled = m.bare, m.sampled
+    rows = []
+    for key, measure_, values in (
+        (
+            "render.claim_to_complete.sampled",
+            f"render {spec.label}: claim->complete, decode sampled",
+            [r.claim_to_complete for r in sampled],
+        ),
+        (
+            "render.end_to_end.sampled",
+            f"render {spec.label}: submit + spoold --drain, decode sampled",
+            [r.end_to_end for r in sampled],
+        ),
+        (
+            "render.split.render",
+            "  where: FFmpeg inside spool (render_seconds)",
+            [r.render for r in sampled],
+        ),
+    ):
         rows.append(
             Row(
-                key=f"render.split.validate.{m}",
-                measure=f"  where: validation, decode {m} (validate_seconds)",
+                key=key,
+                measure=measure_,
                 unit="s",
-                spool=median([r.validate for r in res[m]]),
+                spool=median(values),
+                peer="bare FFmpeg (same argv)",
+                peer_value=median(bare),
+                ratio=median(pair_ratios(values, bare)),
             )
         )
+    return rows
+
+
+def _where_rows(m: Measured) -> list[Row]:
+    """Where spool's own time goes: validation per mode, the rest, accept, probe, hashing."""
+    sampled = m.sampled
+    rows = [
+        Row(
+            key=f"render.split.validate.{mode}",
+            measure=f"  where: validation, decode {mode} (validate_seconds)",
+            unit="s",
+            spool=median([r.validate for r in m.res[mode]]),
+        )
+        for mode in DECODE_MODES
+    ]
     rest = [r.claim_to_complete - r.render - r.validate for r in sampled]
     rows += [
         Row(
@@ -374,28 +423,19 @@ def run(mode: str) -> tuple[list[Row], list[str]]:
             key="render.split.probe",
             measure="  where: probing the 3 sources (probe.ffprobe)",
             unit="s",
-            spool=probe_s,
+            spool=m.probe,
         ),
         Row(
             key="render.split.hash_sources",
             measure="  where: hashing the 3 sources (at accept, again at prepare)",
             unit="s",
-            spool=hash_src,
+            spool=m.hash_sources,
         ),
         Row(
             key="render.split.hash_output",
-            measure=f"  where: hashing the output, {out_mb:.0f} MB (store.sha256_file)",
+            measure=f"  where: hashing the output, {m.output_mb:.0f} MB (store.sha256_file)",
             unit="s",
-            spool=hash_out,
+            spool=m.hash_output,
         ),
     ]
-    notes = [
-        "render: the target ratio is (bare + spool's time around FFmpeg) / bare per round, spool's time "
-        "around FFmpeg = claim->complete minus the attempt's own render_seconds (validation, hashing, "
-        "records, store, moves): FFmpeg's own run-to-run spread on this shared machine is wider than 5 %; "
-        "whether FFmpeg runs slower under spool is the 'FFmpeg inside spool' row (pairwise).",
-        f"render: {spec.label}, logo, label, music mixed + loudnorm, H.264 {spec.preset} CRF 20 + AAC; "
-        f"{rounds} rounds of [bare, none, sampled, full] rotated, after one uncounted warm-up job; "
-        f"bare FFmpeg at spool's niceness ({b.nice}); ratio = median of per-round spool/bare.",
-    ]
-    return rows, notes
+    return rows

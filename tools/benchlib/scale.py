@@ -33,6 +33,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -213,112 +214,138 @@ def keys(mode: str) -> list[str]:
     ]
 
 
+@dataclass
+class AtSize:
+    """What one tree size measured: each command's samples (ms), the parse-all baseline,
+    the daemon's memory and claims, and (at the largest size) strace's counts."""
+
+    n: int
+    res: dict[str, list[float]]
+    parse: float
+    mem: dict[str, float]
+    traced: dict[str, dict[str, int]]
+
+
 def run(mode: str) -> tuple[list[Row], list[str]]:
     _, rounds, window = PLAN[mode]
     sizes = sizes_of(mode)
-    rows: list[Row] = []
-    series: dict[str, list[float]] = {k: [] for k in ("status", "json", "ls", "floor", "hwm")}
-    traced: dict[str, dict[str, int]] = {}
-    for n in sizes:
-        with scratch("disk", "scale") as d:
-            root = d / "spool"
-            t0 = time.perf_counter()
-            build_tree(root, n)
-            log(f"scale: {n:,} jobs in pending/ (built in {time.perf_counter() - t0:.1f} s), {rounds} rounds")
-            pend = str(root / "pending")
-            env_argv = {
-                "status": [SPOOL, "status", "--spool", str(root)],
-                "json": [SPOOL, "status", "--json", "--spool", str(root)],
-                "ls": [SPOOL, "ls", "pending", "--spool", str(root)],
-                "floor": [PY, "-c", FLOOR, pend],
-            }
+    results = [measure(n, rounds, window, trace=n == sizes[-1]) for n in sizes]
+    rows = [row for r in results for row in _size_rows(r)]
+    rows += _growth_rows(results)
+    rows += _strace_rows(sizes[-1], results[-1].traced)
+    notes = [
+        f"scale: sizes {', '.join(f'{s:,}' for s in sizes)}, {rounds} rounds of [status, status --json, "
+        "ls pending, floor] rotated, wall time of the real command with its output read from a pipe; "
+        f"daemon sampled for {window:g} s after its first claim.",
+    ]
+    return rows, notes
 
-            def timed(argv: list[str]) -> float:
-                t = run_timed(argv)
-                if t.returncode != 0:
-                    raise RuntimeError(f"{' '.join(argv[:3])} exited {t.returncode}")
-                return t.wall * 1e3
 
-            runners: dict[str, Callable[[], float]] = {k: partial(timed, a) for k, a in env_argv.items()}
-            huge = n == HUGE_SIZE
-            res = interleave(min(rounds, 3) if huge else rounds, runners)
-            parse = math.nan  # skipped at HUGE_SIZE: linear, and many minutes
-            if not huge:
-                parse = median([parse_all(root / "pending") * 1e3 for _ in range(min(rounds, 3))])
-            if n == sizes[-1]:
-                for k in ("status", "json", "ls"):
-                    traced[k] = strace_counts(env_argv[k])
-            took = ", ".join(f"{k} {median(v):.0f} ms" for k, v in res.items())
-            log(f"  {took}, parse-all {parse:.0f} ms")
-            mem = daemon_memory(root, window, n)
-            log(
-                f"  daemon peak {mem['hwm_mb']:.1f} MB, "
-                f"first claim after {mem['first_claim_s']:.2f} s, {mem['claim_rate']:.0f} claims/s"
-            )
-        big = n == 100_000
-        for k, label in (
-            ("status", "spool status"),
-            ("json", "spool status --json"),
-            ("ls", "spool ls pending"),
-        ):
-            series[k].append(median(res[k]))
-            target = big and k == "status"
-            limit = 150.0
-            if huge and k == "status":
-                target, limit = True, HUGE_TARGETS["status"]
-            rows.append(
-                Row(
-                    key=f"scale.{k}.{n}",
-                    measure=f"{label}, {n:,} jobs",
-                    unit="ms",
-                    spool=median(res[k]),
-                    peer="python + scandir count",
-                    peer_value=median(res["floor"]),
-                    ratio=median(pair_ratios(res[k], res["floor"])),
-                    target=f"< {limit:,.0f} ms" if target else "",
-                    met=median(res[k]) < limit if target else None,
-                    samples={"spool_ms": res[k], "floor_ms": res["floor"]},
-                )
-            )
-        series["floor"].append(median(res["floor"]))
+def measure(n: int, rounds: int, window: float, trace: bool) -> AtSize:
+    """Build a tree of ``n`` pending jobs and measure the commands, parse-all and the daemon."""
+    with scratch("disk", "scale") as d:
+        root = d / "spool"
+        t0 = time.perf_counter()
+        build_tree(root, n)
+        log(f"scale: {n:,} jobs in pending/ (built in {time.perf_counter() - t0:.1f} s), {rounds} rounds")
+        pend = str(root / "pending")
+        env_argv = {
+            "status": [SPOOL, "status", "--spool", str(root)],
+            "json": [SPOOL, "status", "--json", "--spool", str(root)],
+            "ls": [SPOOL, "ls", "pending", "--spool", str(root)],
+            "floor": [PY, "-c", FLOOR, pend],
+        }
+        runners: dict[str, Callable[[], float]] = {k: partial(_timed_ms, a) for k, a in env_argv.items()}
+        huge = n == HUGE_SIZE
+        res = interleave(min(rounds, 3) if huge else rounds, runners)
+        parse = math.nan  # skipped at HUGE_SIZE: linear, and many minutes
+        if not huge:
+            parse = median([parse_all(root / "pending") * 1e3 for _ in range(min(rounds, 3))])
+        traced = {k: strace_counts(env_argv[k]) for k in ("status", "json", "ls")} if trace else {}
+        took = ", ".join(f"{k} {median(v):.0f} ms" for k, v in res.items())
+        log(f"  {took}, parse-all {parse:.0f} ms")
+        mem = daemon_memory(root, window, n)
+        log(
+            f"  daemon peak {mem['hwm_mb']:.1f} MB, "
+            f"first claim after {mem['first_claim_s']:.2f} s, {mem['claim_rate']:.0f} claims/s"
+        )
+    return AtSize(n, res, parse, mem, traced)
+
+
+def _timed_ms(argv: list[str]) -> float:
+    t = run_timed(argv)
+    if t.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[:3])} exited {t.returncode}")
+    return t.wall * 1e3
+
+
+def _size_rows(r: AtSize) -> list[Row]:
+    """Each command against the floor, parse-all, and the daemon's memory and claims at one size."""
+    n, res, mem = r.n, r.res, r.mem
+    big, huge = n == 100_000, n == HUGE_SIZE
+    rows = []
+    for k, label in COMMANDS:
+        target = big and k == "status"
+        limit = 150.0
+        if huge and k == "status":
+            target, limit = True, HUGE_TARGETS["status"]
         rows.append(
             Row(
-                key=f"scale.parse_all.{n}",
-                measure=f"  parse-all baseline (read + decode every job), {n:,} jobs",
+                key=f"scale.{k}.{n}",
+                measure=f"{label}, {n:,} jobs",
                 unit="ms",
-                spool=parse,
-                note="in-process, no interpreter start-up: what counting by parsing would add",
+                spool=median(res[k]),
+                peer="python + scandir count",
+                peer_value=median(res["floor"]),
+                ratio=median(pair_ratios(res[k], res["floor"])),
+                target=f"< {limit:,.0f} ms" if target else "",
+                met=median(res[k]) < limit if target else None,
+                samples={"spool_ms": res[k], "floor_ms": res["floor"]},
             )
         )
-        series["hwm"].append(mem["hwm_mb"])
-        rows += [
-            Row(
-                key=f"scale.daemon_mem.{n}",
-                measure=f"spoold peak memory (VmHWM), {n:,} pending",
-                unit="MB",
-                spool=mem["hwm_mb"],
-                target="< 100 MB" if big else f"< {HUGE_TARGETS['mem']:.0f} MB" if huge else "",
-                met=mem["hwm_mb"] < 100 if big else mem["hwm_mb"] < HUGE_TARGETS["mem"] if huge else None,
-                samples=mem,
-            ),
-            Row(
-                key=f"scale.daemon_first_claim.{n}",
-                measure=f"  spoold start to first claim, {n:,} pending",
-                unit="s",
-                spool=mem["first_claim_s"],
-                target=f"< {HUGE_TARGETS['first_claim']:.0f} s" if huge else "",
-                met=mem["first_claim_s"] < HUGE_TARGETS["first_claim"] if huge else None,
-            ),
-            Row(
-                key=f"scale.daemon_claim_rate.{n}",
-                measure=f"  spoold no-op claim rate, {n:,} pending (1 slot)",
-                unit="jobs/s",
-                spool=mem["claim_rate"],
-            ),
-        ]
+    rows += [
+        Row(
+            key=f"scale.parse_all.{n}",
+            measure=f"  parse-all baseline (read + decode every job), {n:,} jobs",
+            unit="ms",
+            spool=r.parse,
+            note="in-process, no interpreter start-up: what counting by parsing would add",
+        ),
+        Row(
+            key=f"scale.daemon_mem.{n}",
+            measure=f"spoold peak memory (VmHWM), {n:,} pending",
+            unit="MB",
+            spool=mem["hwm_mb"],
+            target="< 100 MB" if big else f"< {HUGE_TARGETS['mem']:.0f} MB" if huge else "",
+            met=mem["hwm_mb"] < 100 if big else mem["hwm_mb"] < HUGE_TARGETS["mem"] if huge else None,
+            samples=mem,
+        ),
+        Row(
+            key=f"scale.daemon_first_claim.{n}",
+            measure=f"  spoold start to first claim, {n:,} pending",
+            unit="s",
+            spool=mem["first_claim_s"],
+            target=f"< {HUGE_TARGETS['first_claim']:.0f} s" if huge else "",
+            met=mem["first_claim_s"] < HUGE_TARGETS["first_claim"] if huge else None,
+        ),
+        Row(
+            key=f"scale.daemon_claim_rate.{n}",
+            measure=f"  spoold no-op claim rate, {n:,} pending (1 slot)",
+            unit="jobs/s",
+            spool=mem["claim_rate"],
+        ),
+    ]
+    return rows
+
+
+def _growth_rows(results: list[AtSize]) -> list[Row]:
+    """How each command and the daemon's memory grow between the two largest sizes."""
+    sizes = [r.n for r in results]
+    floor = [median(r.res["floor"]) for r in results]
     top = f"{sizes[-2]:,}->{sizes[-1]:,}"
+    rows = []
     for k, label in COMMANDS:
-        e = _exponent(sizes, series[k])
+        e = _exponent(sizes, [median(r.res[k]) for r in results])
         rows.append(
             Row(
                 key=f"scale.growth.{k}",
@@ -326,14 +353,15 @@ def run(mode: str) -> tuple[list[Row], list[str]]:
                 unit="exp",
                 spool=e,
                 peer="python + scandir count",
-                peer_value=_exponent(sizes, series["floor"]),
+                peer_value=_exponent(sizes, floor),
                 target="<= 1.0 (entries)",
                 met=e <= 1.05,
                 note="log(t2/t1) / log(n2/n1); 1.0 = time proportional to the number of entries "
                 "(met up to 1.05 for noise); start-up makes small trees' exponents low",
             )
         )
-    per_job = (series["hwm"][-1] - series["hwm"][0]) * 1e6 / (sizes[-1] - sizes[0])
+    hwm = [r.mem["hwm_mb"] for r in results]
+    per_job = (hwm[-1] - hwm[0]) * 1e6 / (sizes[-1] - sizes[0])
     rows.append(
         Row(
             key="scale.daemon_mem.per_job",
@@ -342,12 +370,18 @@ def run(mode: str) -> tuple[list[Row], list[str]]:
             spool=per_job,
         )
     )
+    return rows
+
+
+def _strace_rows(n: int, traced: dict[str, dict[str, int]]) -> list[Row]:
+    """Job files each command opens (target: none) and stats, at the largest size."""
+    rows = []
     for k, label in COMMANDS:
         c = traced[k]
         rows.append(
             Row(
                 key=f"scale.strace.{k}",
-                measure=f"job files opened / stat'ed by {label}, {sizes[-1]:,} jobs",
+                measure=f"job files opened / stat'ed by {label}, {n:,} jobs",
                 unit="count",
                 spool=float(c["opens"]),
                 peer="stat() calls",
@@ -357,9 +391,4 @@ def run(mode: str) -> tuple[list[Row], list[str]]:
                 note="strace -f -e openat,stat family; a call counts when its path is a job file name",
             )
         )
-    notes = [
-        f"scale: sizes {', '.join(f'{s:,}' for s in sizes)}, {rounds} rounds of [status, status --json, "
-        "ls pending, floor] rotated, wall time of the real command with its output read from a pipe; "
-        f"daemon sampled for {window:g} s after its first claim.",
-    ]
-    return rows, notes
+    return rows
