@@ -59,6 +59,11 @@ def child_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not SECRET_NAMES.search(k)}
 
 
+def known() -> bool:
+    """Whether any secret is known (else :func:`redact` changes nothing)."""
+    return _pattern is not None
+
+
 def redact(text: str) -> str:
     """``text`` with every known secret masked."""
     if _pattern is None or not text:
