@@ -35,8 +35,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 import msgspec
 
 from . import kinds, recipe
+from .arrivals import Arrivals
 from .config import Config
 from .decoding import convert, parse_json
+from .diskfull import is_disk_full
 from .errors import InvalidInput
 from .events import Journal
 from .model import (
@@ -164,7 +166,15 @@ def commit(tree: Tree, job: Job) -> Path:
         write_atomic(dest, data, replace=False)
     except FileExistsError:
         raise InvalidInput("name", f"job {jid} already exists; submit a new revision") from None
+    write_atomic(tree.job_attempts(jid) / JOB_COPY, data, mode=0o444)  # for fsck (issue 11.14)
     return dest
+
+
+#: The job's frozen copy in its reservation folder (``attempts/<job>/job.json``):
+#: the same bytes as the job file, read-only, written by the acceptor whose job
+#: file won. ``spool fsck`` restores a job file that went missing from every
+#: state folder from it.
+JOB_COPY = "job.json"
 
 
 def _reserve(tree: Tree, jid: str, data: bytes) -> None:
@@ -216,10 +226,23 @@ def _already_accepted(tree: Tree, data: bytes) -> Job | None:
 # -- rejections ---------------------------------------------------------------------
 
 
+#: The suffix of a rejection's reason file. No rejected submission's stem ends
+#: in ``.error`` (see :func:`_stem`), so ``X.error.json`` is always a reason and
+#: ``X.json`` otherwise always the submission it explains.
+REASON_SUFFIX = ".error.json"
+
+
 def _stem(name: str) -> str:
+    """The name a rejected submission is filed under, minus ``.json``: safe
+    characters only, never hidden, and never ending in ``.error`` (a drop named
+    ``oops.error.json`` is filed as ``oops-error.json``, reason
+    ``oops-error.error.json``; the reason records the original name)."""
     base = name[:-5] if name.endswith(".json") else name
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in base).lstrip(".")[:100]
-    return safe or "submission"
+    safe = safe or "submission"
+    if safe.endswith(".error"):
+        safe = safe[: -len(".error")] + "-error"
+    return safe
 
 
 def _free_stem(tree: Tree, stem: str, original_name: str) -> str:
@@ -228,7 +251,7 @@ def _free_stem(tree: Tree, stem: str, original_name: str) -> str:
     n, cand = 1, stem
     while True:
         data_taken = (tree.rejected / f"{cand}.json").exists()
-        reason = tree.rejected / f"{cand}.error.json"
+        reason = tree.rejected / f"{cand}{REASON_SUFFIX}"
         if not data_taken and not reason.exists():
             return cand
         if not data_taken:
@@ -264,7 +287,7 @@ def reject(
         rejected_at=now(),
         rejected_by=by,
     )
-    write_atomic(tree.rejected / f"{stem}.error.json", encode(rec))
+    write_atomic(tree.rejected / f"{stem}{REASON_SUFFIX}", encode(rec))
     if move_from is not None:
         rename_durable(move_from, dest)
     else:
@@ -311,29 +334,85 @@ def _accept_or_reject(
     return Accepted(job, tree.job_file("pending", job.job_id))
 
 
-def _read_submission(path: Path, cfg: Config) -> bytes:
-    """Read a dropped file without following symlinks or blocking on FIFOs."""
+def _read_submission(path: Path, cfg: Config, shown: str | None = None) -> bytes:
+    """Read a dropped file without following symlinks or blocking on FIFOs.
+
+    ``shown`` is the name the user gave the file (a drop is read under this
+    worker's hidden claim name, which must never appear in a reason)."""
     field = "submission"
+    name = shown or path.name
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise InvalidInput(field, f"{path.name} is a symbolic link; drop the file itself") from None
-        raise InvalidInput(field, f"{path.name} cannot be read ({exc.strerror})") from None
+            raise InvalidInput(field, f"{name} is a symbolic link; drop the file itself") from None
+        raise InvalidInput(field, f"{name} cannot be read ({exc.strerror})") from None
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
-            raise InvalidInput(field, f"{path.name} is a folder, not a JSON file")
+            raise InvalidInput(field, f"{name} is a folder, not a JSON file")
         if not stat.S_ISREG(st.st_mode):
-            raise InvalidInput(field, f"{path.name} is not a regular file")
+            raise InvalidInput(field, f"{name} is not a regular file")
         limit = cfg.acceptance.max_submission_bytes
         with os.fdopen(os.dup(fd), "rb") as f:
             data = f.read(limit + 1)
         if len(data) > limit:
-            raise InvalidInput(field, f"{path.name} is larger than the {limit} bytes allowed")
+            raise InvalidInput(field, f"{name} is larger than the {limit} bytes allowed")
         return data
     finally:
         os.close(fd)
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def _dispose_of_object(tree: Tree, taken: Path, name: str, st: os.stat_result) -> str:
+    """Take a non-regular drop out of ``incoming/`` without opening it; what was done.
+
+    ``rejected/`` keeps regular files only, so that ``cat rejected/*.json`` and
+    ``sha256sum rejected/*`` never block on a FIFO or follow a link out of the
+    spool. A symlink, FIFO, socket or device holds nothing at rest, so it is
+    removed (a link's target is recorded, and never touched). An empty folder
+    is removed too; a folder with contents is kept, out of every glob's way,
+    under ``rejected/.kept/``.
+    """
+    if stat.S_ISDIR(st.st_mode):
+        try:
+            os.rmdir(taken)
+            return "the empty folder was removed"
+        except OSError:
+            kept = tree.rejected / ".kept"
+            os.makedirs(kept, exist_ok=True)
+            stem, n = _stem(name), 1
+            dest = kept / f"{stem}.json"
+            while os.path.lexists(dest):  # never onto an earlier kept folder
+                n += 1
+                dest = kept / f"{stem}-{n}.json"
+            rename_durable(taken, dest)
+            return f"it was kept as {tree.relative(dest)}/ because it is not empty"
+    what = "the link was removed"
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            target = redact(display_name(os.readlink(taken)))
+            what = f"it pointed to {target}; the link was removed, its target untouched"
+        except OSError:
+            pass
+    elif not stat.S_ISREG(st.st_mode):
+        what = "it was removed without being opened"
+    os.unlink(taken)
+    fsync_dir(taken.parent)
+    return what
 
 
 def owner_of(path: Path) -> str:
@@ -348,11 +427,17 @@ def _taken_prefix(worker: str) -> str:
     return f".accepting.{worker}."
 
 
-def take_incoming(tree: Tree, worker: str) -> Iterator[tuple[str, Path, bool]]:
+def take_incoming(
+    tree: Tree, worker: str, arrivals: Arrivals | None = None
+) -> Iterator[tuple[str, Path, bool]]:
     """Claim finished drops in ``incoming/`` one by one by renaming each to a
     hidden name of this worker's (rename is the one exclusive primitive across
     hosts). Yields (original name, claimed path, redelivered); leftovers a
-    crash left under this worker's prefix come first, marked redelivered."""
+    crash left under this worker's prefix come first, marked redelivered.
+
+    ``arrivals`` decides which drops are finished (:mod:`spool.arrivals`);
+    without it every drop is taken (for callers that know the writers are done).
+    """
     prefix = _taken_prefix(worker)
     try:
         names = os.listdir(tree.incoming)
@@ -360,31 +445,65 @@ def take_incoming(tree: Tree, worker: str) -> Iterator[tuple[str, Path, bool]]:
         return
     for name in sorted(n for n in names if n.startswith(prefix)):
         yield name[len(prefix) :], tree.incoming / name, True
+    if arrivals is not None:
+        arrivals.prune(set(names))
     for name in sorted(names):
         if not name.endswith(".json") or not is_visible(name):
             continue
+        if arrivals is not None:
+            try:
+                st = os.lstat(tree.incoming / name)
+            except OSError:
+                continue  # withdrawn, or taken by another acceptor
+            if not arrivals.ready(name, st):
+                continue  # still being written; a later pass takes it
         taken = tree.incoming / f"{prefix}{name}"
         try:
             os.rename(tree.incoming / name, taken)
         except OSError:
             continue  # another acceptor took it, or it was withdrawn
+        if arrivals is not None:
+            arrivals.taken(name)
         yield name, taken, False
 
 
 def accept_incoming(
-    tree: Tree, cfg: Config, worker: str, journal: Journal, limit: int = 1000
+    tree: Tree,
+    cfg: Config,
+    worker: str,
+    journal: Journal,
+    limit: int = 1000,
+    arrivals: Arrivals | None = None,
 ) -> list[Outcome]:
-    """Process up to ``limit`` drops from ``incoming/``; never raises on bad input."""
+    """Process up to ``limit`` finished drops from ``incoming/``; never raises on bad
+    input. A full disk (ENOSPC, EDQUOT) is raised: nothing can be accepted then."""
     out: list[Outcome] = []
-    for raw_name, taken, redelivered in take_incoming(tree, worker):
+    for raw_name, taken, redelivered in take_incoming(tree, worker, arrivals):
         name = display_name(raw_name)
         try:
             out.append(_accept_drop(tree, cfg, name, taken, redelivered, worker, journal))
         except Exception as exc:  # a bug must not wedge the queue on one file
+            if is_disk_full(exc):
+                # Not the drop's fault: it stays under its claim name, to be taken up
+                # again (as redelivered, so a job already committed is recognised)
+                # once there is space; the caller backs off.
+                raise
             log.exception("accepting %s failed", name)
-            err = InvalidInput("submission", f"could not be processed ({type(exc).__name__}: {exc})")
+            why = str(exc).replace(str(taken), name).replace(taken.name, name)  # never the claim name
+            err = InvalidInput("submission", f"could not be processed ({type(exc).__name__}: {why})")
             try:
-                out.append(Rejected(err, reject(tree, name, err, worker, move_from=taken)))
+                regular = stat.S_ISREG(os.lstat(taken).st_mode)
+                if not regular:
+                    _dispose_of_object(tree, taken, name, os.lstat(taken))
+                rej = reject(
+                    tree,
+                    name,
+                    err,
+                    worker,
+                    data=b"" if not regular else None,
+                    move_from=taken if regular else None,
+                )
+                out.append(Rejected(err, rej))
                 journal.record(name, "rejected", from_="incoming", reason=str(err))
             except Exception:
                 log.exception("could not move %s to rejected/", name)
@@ -398,7 +517,20 @@ def _accept_drop(
 ) -> Outcome:
     user = owner_of(taken)
     try:
-        data = _read_submission(taken, cfg)
+        st = os.lstat(taken)
+    except FileNotFoundError:
+        raise InvalidInput("submission", f"{name} vanished while being accepted") from None
+    if not stat.S_ISREG(st.st_mode):
+        # Never opened (a FIFO would block, a link would lead out of the spool):
+        # the reason records what the object was, rejected/ gets an empty file.
+        kind = _kind(st.st_mode)
+        done = _dispose_of_object(tree, taken, name, st)
+        exc = InvalidInput("submission", f"{name} is {kind}, not a regular file; {done}")
+        rej = reject(tree, name, exc, worker, data=b"")
+        journal.record(name, "rejected", from_="incoming", reason=str(exc))
+        return Rejected(exc, rej)
+    try:
+        data = _read_submission(taken, cfg, shown=name)
     except InvalidInput as exc:
         rej = reject(tree, name, exc, worker, move_from=taken)
         journal.record(name, "rejected", from_="incoming", reason=str(exc))

@@ -95,10 +95,14 @@ class Daemon(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     heartbeat_interval: Seconds = 5.0
     stop_grace: Annotated[float, msgspec.Meta(ge=0)] = 30.0
     watch: Literal["auto", "inotify", "poll"] = "auto"
+    #: A drop in incoming/ that no inotify event showed closed or renamed in is
+    #: taken once its size and mtime stayed unchanged this long (spool/arrivals.py).
+    incoming_quiet: Seconds = 2.0
 
 
 class Recovery(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    #: A worker on another host whose heartbeat has not advanced for this long is suspect.
+    #: A worker whose heartbeat has not advanced for this long is suspect (another
+    #: host) or stalled (this host, its process alive: stopped or wedged).
     stale_after: Seconds = 120.0
     #: Take over a suspect worker's jobs without an operator (off: a stale heartbeat
     #: is a reason to look, not a licence to act).
@@ -229,6 +233,79 @@ def parse(raw: bytes, name: str = "spool.toml") -> Config:
     return cfg
 
 
+def changed_keys(old: Config, new: Config) -> list[str]:
+    """``section.key`` of every setting that differs between two configs."""
+    out = []
+    for section in Config.__struct_fields__:
+        a, b = getattr(old, section), getattr(new, section)
+        for key in type(a).__struct_fields__:
+            if getattr(a, key) != getattr(b, key):
+                out.append(f"{section}.{key}")
+    return out
+
+
+#: Settings a running daemon reads once, at start (a reload logs that they wait for a restart).
+AT_START = ("daemon.watch", "filesystem.publish")
+
+
+class Reloader:
+    """Keeps a long-lived process's config in step with ``spool.toml``.
+
+    :meth:`check` is cheap (one ``stat``) and is called every loop: a changed
+    file is re-read and validated; a file that no longer parses, or that was
+    deleted, keeps the config in use and says so once (until it changes
+    again). ``force`` (SIGHUP) re-reads even an unchanged file.
+    """
+
+    def __init__(self, path: Path, cfg: Config) -> None:
+        self.path = path
+        self.cfg = cfg
+        self._sig = self._signature()
+        self._told: object = self._sig  # the file state last reported on
+
+    def _signature(self) -> tuple[int, int, int, int] | None:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return self._sig if hasattr(self, "_sig") else None
+        return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def check(self, force: bool = False) -> tuple[Config | None, str | None]:
+        """(the new config if it changed, one line for the log or ``None``)."""
+        sig = self._signature()
+        if sig == self._sig and not force:
+            return None, None
+        self._sig = sig
+        if sig is None:
+            if self._told is None and not force:
+                return None, None
+            self._told = None
+            return None, f"{self.path} is gone; keeping the configuration loaded before (restore the file)"
+        try:
+            new = parse(self.path.read_bytes(), str(self.path))
+        except ConfigError as exc:
+            self._told = sig
+            return None, f"{exc}; keeping the configuration loaded before"
+        except OSError as exc:
+            self._told = sig
+            return (
+                None,
+                f"{self.path} cannot be read ({exc.strerror}); keeping the configuration loaded before",
+            )
+        self._told = sig
+        keys = changed_keys(self.cfg, new)
+        self.cfg = new
+        if not keys:
+            return None, f"re-read {self.path}: nothing changed" if force else None
+        later = [k for k in keys if k in AT_START]
+        line = f"re-read {self.path}: changed {', '.join(keys)}"
+        if later:
+            line += f" ({', '.join(later)} take effect at the next start)"
+        return new, line
+
+
 def template(asset_roots: list[str], umask: str = "0022") -> str:
     """The commented ``spool.toml`` that ``spool init`` writes."""
     roots = ", ".join(f'"{_toml_escape(r)}"' for r in asset_roots)
@@ -270,9 +347,10 @@ poll_interval = 2.0        # seconds between directory rescans (network mounts r
 heartbeat_interval = 5.0   # seconds between heartbeats in workers/<worker>.json
 stop_grace = 30.0          # seconds running renders may finish after SIGTERM
 watch = "auto"             # auto | inotify | poll; auto: spool doctor decides at daemon start
+incoming_quiet = 2.0       # seconds a drop must stay unchanged when no inotify event shows it finished
 
 [recovery]
-stale_after = 120.0        # seconds without a new heartbeat before a worker on another host is suspect
+stale_after = 120.0        # seconds without a heartbeat: suspect (other host), stalled (this host)
 auto_recover = false       # take over suspect workers' jobs automatically (else: spool recover)
 backoff = 10.0             # technical retries wait backoff * 2^(k-1) seconds...
 backoff_max = 600.0        # ...at most this long

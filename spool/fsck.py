@@ -15,6 +15,19 @@ Deterministic repairs:
 * hidden temp files and attempt staging folders left by a crash, older than
   ``grace`` seconds: remove them (they were never visible under a final name).
 
+* a job in no state (its file deleted from every state folder) whose frozen
+  copy ``attempts/<job>/job.json`` (written at acceptance, read-only, the same
+  bytes as the job file) is intact: put the copy back where the evidence says
+  the job ended. A manifest whose store file verifies: ``complete/``; else a
+  failure record in its last attempt: ``failed/``; else no outcome at all:
+  ``held/``, so that nothing renders again until an operator runs ``spool
+  release``. Without an intact copy (jobs accepted before copies were kept)
+  nothing else holds the recipe, so fsck reports the job and says to resubmit
+  it as a new revision;
+* a store object that does not hash to its name while an intact copy with the
+  right hash exists (an attempt's ``work/`` candidate that was published by
+  copy, or whose link was broken by a replacing write): copy it back, verified.
+
 Everything else is reported: a manifest that does not match its store file,
 a store object that does not hash to its name, a failed job without a
 failure record, an attempt folder without ``attempt.json``, a running job of
@@ -30,11 +43,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import liveness, quarantine, store
+from . import kinds, liveness, quarantine, store
+from .accept import JOB_COPY
 from .model import Failure, Manifest, WorkerRecord
 from .publish import install_manifest
 from .status import Location, attempt_numbers, locate_all, read, running_workers
-from .tree import FLAT_STATES, Tree, fsync_dir, visible_names, writer_gone
+from .tree import FLAT_STATES, Tree, fsync_dir, visible_names, write_atomic, writer_gone
 
 
 @dataclass
@@ -98,8 +112,9 @@ def check(
                 problems.append(p)
         problems += _attempt_records(tree, jid)
     problems += _damaged(tree, repair)
+    problems += _in_no_state(tree, repair, verify_hashes)
+    problems += _store(tree, repair, verify_hashes)  # before _manifests: it may restore an object
     problems += _manifests(tree, verify_hashes)
-    problems += _store(tree, repair, verify_hashes)
     problems += _leftovers(tree, repair, grace)
     return problems
 
@@ -183,7 +198,7 @@ def _orphan(tree: Tree, loc: Location, stale_after: float, server: float) -> Pro
         8,
         _rel(tree, loc.path),
         f"running on a worker that is {health} ({why})",
-        f"spool recover --worker {loc.worker}",
+        f"spool recover --worker {loc.worker}" + (" --force" if health == "stalled" else ""),
     )
 
 
@@ -213,6 +228,99 @@ def _manifests(tree: Tree, verify_hashes: bool) -> list[Problem]:
     return out
 
 
+def _job_copy(tree: Tree, jid: str) -> tuple[kinds.Job | None, bytes, str]:
+    """The job's frozen copy: (job, its bytes, why not usable). It must pass the
+    checks a queued job file passes (it decodes, names the job, matches its recipe_hash)."""
+    path = tree.job_attempts(jid) / JOB_COPY
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None, b"", "no frozen copy of the job exists (accepted before copies were kept, or deleted)"
+    except OSError as exc:
+        return None, b"", f"its frozen copy {_rel(tree, path)} cannot be read ({exc.strerror})"
+    try:
+        job = quarantine.check(f"{jid}.json", data)
+    except quarantine.Damaged as damage:
+        return None, data, f"its frozen copy {_rel(tree, path)} is damaged ({damage})"
+    return job, data, ""
+
+
+def _in_no_state(tree: Tree, repair: bool, verify_hashes: bool) -> list[Problem]:
+    """Jobs with a reservation, attempts or a manifest, but no job file in any state."""
+    known = all_job_ids(tree)
+    seen = {n for n in visible_names(tree.attempts, suffix="") if "@" in n}
+    seen |= {n[:-5] for n in visible_names(tree.manifests) if n.endswith(".json")}
+    out = []
+    for jid in sorted(seen - known):
+        if locate_all(tree, jid):
+            continue  # it arrived in a state while we looked
+        if (tree.quarantine / f"{jid}.json").exists():
+            continue  # taken out of the queue on purpose, with its reason (spool.quarantine)
+        numbers = attempt_numbers(tree, jid)
+        mpath = tree.manifest_file(jid)
+        if not numbers and not mpath.exists() and not (tree.job_attempts(jid) / JOB_COPY).exists():
+            continue  # an empty reservation: an acceptance at work, or one that crashed
+        where = _rel(tree, tree.job_attempts(jid))
+        prob = Problem(1, jid, f"in no state: no job file in any state folder, but {where} exists")
+        job, data, why = _job_copy(tree, jid)
+        if job is None:
+            prob.problem += f"; {why}"
+            prob.repair = None
+            out.append(prob)
+            continue
+        m = read(mpath, Manifest)
+        if m is not None and m.recipe_hash == job.recipe_hash and _stored(tree, m, verify_hashes):
+            state, evidence = "complete", "its manifest's store file verifies"
+        elif numbers and read(tree.attempt_dir(jid, numbers[-1]) / "failure.json", Failure) is not None:
+            state, evidence = "failed", f"attempt {numbers[-1]} recorded a failure"
+        else:
+            state, evidence = "held", "no outcome is recorded; spool release runs it again"
+        prob.repair = f"restore {state}/{jid}.json from its frozen copy ({evidence})"
+        if repair:
+            try:
+                write_atomic(tree.job_file(state, jid), data, replace=False)
+            except FileExistsError:
+                pass  # restored by someone else meanwhile
+            prob.repaired = True
+        out.append(prob)
+    return out
+
+
+def _stored(tree: Tree, m: Manifest, verify_hashes: bool) -> bool:
+    if verify_hashes:
+        return store.verify(tree, m) is None
+    return (tree.root / m.output.store_path).is_file()
+
+
+def _intact_copy(tree: Tree, digest: str, damaged: Path) -> Path | None:
+    """A file with the right sha256 to restore a damaged store object from: the
+    work/ candidates of the attempts whose manifest or result names ``digest``."""
+    try:
+        bad = damaged.stat()
+    except FileNotFoundError:
+        return None
+    sizes: set[int] = set()
+    folders: list[Path] = []
+    for name in visible_names(tree.manifests):
+        m = read(tree.manifests / name, Manifest)
+        if m is not None and m.output.sha256 == digest:
+            sizes.add(m.output.size)
+            folders.append(tree.attempt_dir(m.job_id, m.attempt) / "work")
+    for folder in folders:
+        for dirpath, _dirs, files in os.walk(folder):
+            for fname in sorted(files):
+                cand = Path(dirpath) / fname
+                try:
+                    st = cand.lstat()
+                except OSError:
+                    continue
+                if not stat.S_ISREG(st.st_mode) or st.st_ino == bad.st_ino or st.st_size not in sizes:
+                    continue
+                if store.sha256_file(cand)[0] == digest:
+                    return cand
+    return None
+
+
 def _store(tree: Tree, repair: bool, verify_hashes: bool) -> list[Problem]:
     out = []
     for f in store.objects(tree):  # temp files are _leftovers' business
@@ -220,7 +328,16 @@ def _store(tree: Tree, repair: bool, verify_hashes: bool) -> list[Problem]:
         if verify_hashes:
             actual, _ = store.sha256_file(f)
             if actual != digest:
-                out.append(Problem(2, _rel(tree, f), f"does not hash to its name (sha256 {actual})"))
+                prob = Problem(2, _rel(tree, f), f"does not hash to its name (sha256 {actual})")
+                source = _intact_copy(tree, digest, f)
+                if source is None:
+                    prob.problem += "; no intact copy with that hash was found in the attempts' work/ folders"
+                else:
+                    prob.repair = f"restore it from {_rel(tree, source)}, which has the right sha256"
+                    if repair:
+                        store._copy_verified(source, f, digest)
+                        prob.repaired = True
+                out.append(prob)
                 continue
         mode = f.stat().st_mode
         if mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):

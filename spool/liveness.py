@@ -5,7 +5,11 @@
   (or now belongs to a process that neither holds the worker's identity lock
   nor keeps that lock file open: a lock taken through another mount of the
   same export is invisible here).
-  This is certain, so recovery may act on it at once.
+  This is certain, so recovery may act on it at once. A live pid whose
+  heartbeat has not advanced for ``stale_after`` is *stalled*: the process
+  exists but its loop does not run (stopped with SIGSTOP or ^Z, or wedged).
+  That needs a human, not an automatic takeover: recovering it stays
+  deliberate (``spool recover --worker W --force``).
 * **Another host**: we cannot see its processes. A heartbeat that stopped
   advancing only makes the worker *suspect*. Cross-host takeover follows
   policy (``[recovery] auto_recover`` with ``stale_after``) or an operator's
@@ -30,7 +34,7 @@ from .model import WorkerRecord
 from .status import read
 from .tree import HOST, Tree, boot_id, visible_names, write_atomic
 
-Health = Literal["alive", "suspect", "dead", "stopped"]
+Health = Literal["alive", "stalled", "suspect", "dead", "stopped"]
 
 
 @dataclass(frozen=True)
@@ -146,18 +150,8 @@ def assess(
             return WorkerHealth(
                 rec.worker, rec.host, "dead", f"process {rec.pid} is gone (same host)", None, rec
             )
-        return WorkerHealth(rec.worker, rec.host, "alive", f"process {rec.pid} is running", 0.0, rec)
-    if observer is not None:
-        age = observer.age(rec)
-        how = "no new heartbeat seen for"
-    else:
-        try:
-            mtime = tree.worker_file(rec.worker).stat().st_mtime
-        except FileNotFoundError:
-            mtime = rec.heartbeat_at.timestamp()
-        now = server_time if server_time is not None else server_now(tree)
-        age = max(0.0, now - mtime)
-        how = "heartbeat file last written"
+        return same_host_running(tree, rec, stale_after, observer=observer, server_time=server_time)
+    age, how = heartbeat_age(tree, rec, observer=observer, server_time=server_time)
     if age > stale_after:
         return WorkerHealth(
             rec.worker,
@@ -170,6 +164,48 @@ def assess(
     return WorkerHealth(rec.worker, rec.host, "alive", f"{how} {age:.0f} s", age, rec)
 
 
+def heartbeat_age(
+    tree: Tree, rec: WorkerRecord, *, observer: Observer | None = None, server_time: float | None = None
+) -> tuple[float, str]:
+    """Seconds since ``rec``'s heartbeat last advanced, and how that was measured."""
+    if observer is not None:
+        return observer.age(rec), "no new heartbeat seen for"
+    try:
+        mtime = tree.worker_file(rec.worker).stat().st_mtime
+    except FileNotFoundError:
+        mtime = rec.heartbeat_at.timestamp()
+    if server_time is None:
+        try:
+            server_time = server_now(tree)
+        except OSError:  # a viewer that may not write: this host's clock
+            server_time = time.time()
+    return max(0.0, server_time - mtime), "heartbeat file last written"
+
+
+def same_host_running(
+    tree: Tree,
+    rec: WorkerRecord,
+    stale_after: float,
+    *,
+    observer: Observer | None = None,
+    server_time: float | None = None,
+) -> WorkerHealth:
+    """A worker of this host whose process is running: alive, or stalled when its
+    heartbeat stopped advancing (SIGSTOP, a wedged loop)."""
+    age, how = heartbeat_age(tree, rec, observer=observer, server_time=server_time)
+    if age > stale_after:
+        return WorkerHealth(
+            rec.worker,
+            rec.host,
+            "stalled",
+            f"process {rec.pid} exists but its {how} {age:.0f} s (stale_after {stale_after:g} s): "
+            "stopped or hung",
+            age,
+            rec,
+        )
+    return WorkerHealth(rec.worker, rec.host, "alive", f"process {rec.pid} is running", age, rec)
+
+
 def assess_all(tree: Tree, stale_after: float, observer: Observer | None = None) -> list[WorkerHealth]:
     """Every worker that has a record, healthiest last (attention first)."""
     now = None if observer is not None else server_now(tree)
@@ -178,5 +214,5 @@ def assess_all(tree: Tree, stale_after: float, observer: Observer | None = None)
         rec = read(tree.workers / name, WorkerRecord, replaced=True)
         if rec is not None:
             out.append(assess(tree, rec, stale_after, observer=observer, server_time=now))
-    order = {"dead": 0, "suspect": 1, "alive": 2, "stopped": 3}
+    order = {"dead": 0, "stalled": 1, "suspect": 2, "alive": 3, "stopped": 4}
     return sorted(out, key=lambda h: (order[h.health], h.worker))

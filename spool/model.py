@@ -379,7 +379,7 @@ class WorkerRecord(Record, kw_only=True):
     started_at: datetime
     heartbeat_at: datetime
     beats: int
-    state: Literal["running", "stopping", "stopped"] = "running"
+    state: Literal["running", "stopping", "stopped", "disk_full"] = "running"
     max_active: int
     active: list[str] = []
     temp_disk_reserved: int = 0

@@ -31,7 +31,7 @@ from typing import Any
 
 import msgspec
 
-from . import eventlog, intent, liveness, thumbs
+from . import diskfull, eventlog, intent, liveness, thumbs
 from .config import Config
 from .model import AttemptRecord, Failure, Manifest, Progress, Rejection, WorkerRecord
 from .status import attempt_numbers, read, running_workers, show
@@ -77,6 +77,14 @@ def _scan(
         entries.sort(reverse=True)
         out.newest = entries[:keep]
     return out
+
+
+def _count_prefix(folder: Path, prefix: str) -> int:
+    try:
+        with os.scandir(folder) as it:
+            return sum(1 for e in it if e.name.startswith(prefix))
+    except FileNotFoundError:
+        return 0
 
 
 def _oldest_pending_from_daemons(tree: Tree, now: float) -> float | None:
@@ -128,6 +136,9 @@ def scan_queue(tree: Tree, now: float, keep: int = 10) -> QueueScan:
     """Counts (names only) and ages of the whole queue: one stat per waiting job,
     except for a large pending/ watched by a live daemon, which reports its age."""
     incoming = _scan(tree.incoming, stat=True)
+    # Drops a worker has taken (renamed to .accepting.<worker>.<name>) but not yet
+    # accepted or rejected are still incoming: a full disk can hold them there.
+    incoming.count += _count_prefix(tree.incoming, ".accepting.")
     pending = _scan(tree.pending, stat=False)
     oldest = _oldest_pending_from_daemons(tree, now) if pending.count > LARGE_QUEUE else None
     if oldest is None:
@@ -283,7 +294,7 @@ def worker_rows(tree: Tree, cfg: Config, now: float, running: list[dict[str, Any
         recs = [r for r in (read(tree.workers / n, WorkerRecord) for n in visible_names(tree.workers)) if r]
         healths = [liveness.assess(tree, r, cfg.recovery.stale_after, server_time=now) for r in recs]
     if not os.access(tree.workers, os.W_OK):
-        healths = [_readonly_view(h) for h in healths]
+        healths = [_readonly_view(h, tree, cfg.recovery.stale_after) for h in healths]
     disk: dict[str, int] = {}
     jobs: dict[str, int] = {}
     for r in running:
@@ -303,6 +314,7 @@ def worker_rows(tree: Tree, cfg: Config, now: float, running: list[dict[str, Any
                 "state": rec.state,
                 "health": h.health,
                 "reason": h.reason,
+                "pid": rec.pid,
                 "active": len(rec.active),
                 "max_active": rec.max_active,
                 "pools": {p: {"active": u.active, "capacity": u.capacity} for p, u in rec.pools.items()},
@@ -317,12 +329,18 @@ def worker_rows(tree: Tree, cfg: Config, now: float, running: list[dict[str, Any
     return rows
 
 
-def _readonly_view(h: liveness.WorkerHealth) -> liveness.WorkerHealth:
+def _readonly_view(
+    h: liveness.WorkerHealth, tree: Tree | None = None, stale_after: float = 120.0
+) -> liveness.WorkerHealth:
     """A viewer that may not write to the spool cannot open a worker's lock file,
     so liveness takes a live same-host worker for dead. Correct that from the
     evidence we can see: same boot, and the process exists."""
     rec = h.record
     if h.health == "dead" and rec.host == HOST and rec.boot_id == boot_id() and liveness.pid_alive(rec.pid):
+        if tree is not None:
+            seen = liveness.same_host_running(tree, rec, stale_after)
+            if seen.health == "stalled":
+                return seen
         reason = f"process {rec.pid} is running (its lock is not readable here)"
         return liveness.WorkerHealth(h.worker, h.host, "alive", reason, 0.0, rec)
     return h
@@ -332,14 +350,38 @@ def _instance(worker: str, host: str) -> str:
     return worker[len(host) + 1 :] if worker.startswith(f"{host}-") else worker
 
 
+def disk_state(tree: Tree) -> dict[str, Any] | None:
+    """Free and total bytes of the spool's filesystem, and whether it counts as full."""
+    got = diskfull.free_bytes(tree.root)
+    if got is None:
+        return None
+    free, total = got
+    return {"free": free, "total": total, "full": free < diskfull.LOW_SPACE}
+
+
 def attention(
     counts: dict[str, int],
     workers: list[dict[str, Any]],
     failed: list[dict[str, Any]],
     rejected: list[dict[str, Any]],
+    disk: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """What a human should act on, most urgent first, each with its next action."""
     items: list[dict[str, Any]] = []
+    full_by = [w["worker"] for w in workers if w["state"] == "disk_full"]
+    disk_full = (disk is not None and disk["full"]) or bool(full_by)
+    if disk_full:
+        free = f"{disk['free']:,} bytes free of {disk['total']:,}" if disk is not None else "no space"
+        who = f"; waiting for space: {', '.join(full_by)}" if full_by else ""
+        items.append(
+            {
+                "kind": "disk",
+                "subject": "spool",
+                "problem": f"disk full: the spool's filesystem has {free}{who}",
+                "next_action": "Free space on the spool's filesystem (spool gc removes old work/ folders); "
+                "the workers retry on their own and go on when there is room.",
+            }
+        )
     for w in workers:
         jobs = f"; {w['jobs']} job(s) in running/{w['worker']}/" if w["jobs"] else ""
         if w["health"] == "dead":
@@ -351,6 +393,19 @@ def attention(
                     "problem": f"dead: {w['reason']}{jobs}",
                     "next_action": f"Start it again (systemctl restart {unit}): at start it recovers "
                     f"its own jobs. Or run: spool recover --worker {w['worker']}",
+                }
+            )
+        elif w["health"] == "stalled":
+            unit = f"spoold@{_instance(w['worker'], w['host'])}"
+            items.append(
+                {
+                    "kind": "worker",
+                    "subject": w["worker"],
+                    "problem": f"stalled: {w['reason']}{jobs}"
+                    + ("; the spool's disk is full, so it cannot write its heartbeat" if disk_full else ""),
+                    "next_action": f"On {w['host']}: if it was stopped, kill -CONT {w['pid']}; "
+                    f"kill -USR1 {w['pid']} logs where it hangs. If it is hung, restart it "
+                    f"(systemctl restart {unit}) or run: spool recover --worker {w['worker']} --force",
                 }
             )
         elif w["health"] == "suspect":
@@ -462,6 +517,7 @@ def overview(tree: Tree, cfg: Config, *, limit: int = 10, recent: int = 0) -> di
     failed = failed_rows(tree, scan)
     rejected = rejected_rows(tree, scan)
     workers = worker_rows(tree, cfg, now, running)
+    disk = disk_state(tree)
     return {
         "spool": str(tree.root),
         "generated_at": now,
@@ -469,7 +525,9 @@ def overview(tree: Tree, cfg: Config, *, limit: int = 10, recent: int = 0) -> di
         "oldest_pending_age": scan.oldest_age["pending"],
         "oldest_age": scan.oldest_age,
         "running": running,
-        "attention": attention(scan.counts, workers, failed, rejected) + quarantine_attention(tree, scan),
+        "attention": attention(scan.counts, workers, failed, rejected, disk)
+        + quarantine_attention(tree, scan),
+        "disk": disk,
         "failed": failed,
         "rejected": rejected,
         "workers": workers,

@@ -448,7 +448,7 @@ def plan(
             why = f"{w} is suspect ({evidence}); " + (
                 "recovery asked for by an operator" if named else "auto_recover is on"
             )
-        elif health == "alive" and named and force:
+        elif health in ("alive", "stalled") and named and force:  # stalled: still deliberate
             act, why = True, f"{w} looks alive ({evidence}) but recovery was forced by an operator"
         else:
             act = False

@@ -21,9 +21,24 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
 
-from spool import accept, blocklist, claim, doctor, fsck, health, quarantine, recover, selfcheck
+from spool import (
+    accept,
+    blocklist,
+    claim,
+    config,
+    diskfull,
+    doctor,
+    fsck,
+    health,
+    quarantine,
+    recover,
+    secrets,
+    selfcheck,
+)
+from spool.arrivals import Arrivals
 from spool.config import Config
 from spool.events import Journal
 from spool.execute import Context, execute
@@ -63,6 +78,7 @@ class Daemon:
         #: Why this worker stopped claiming (host quarantine: spool.health), if it did.
         self.quarantined: str | None = None
         self._streak = health.Streak(cfg.health.quarantine_after)
+        self._streak_lock = threading.Lock()
         self._next_quarantine_look = 0.0
         #: Temporary disk reserved per running job (its estimate), within limits.temp_disk.
         self.reserved: dict[str, int] = {}
@@ -74,7 +90,9 @@ class Daemon:
         self._disk_warned: set[str] = set()
         self.identity = Identity(tree, worker)
         self.heartbeat = Heartbeat(tree, worker, cfg.limits.max_active, cfg.limits.temp_disk_bytes)
-        self.watcher = Watcher([tree.incoming, tree.pending], self.wake, tree.pending)
+        #: Which drops in incoming/ are finished (inotify evidence, else a quiet period).
+        self.arrivals = Arrivals(tree.incoming, cfg.daemon.incoming_quiet)
+        self.watcher = Watcher([tree.incoming, tree.pending], self.wake, tree.pending, self.arrivals)
         self._signals = 0
         self._told_stopping = False
         #: Counters hooks may read (metrics): claims lost to another worker, and so on.
@@ -83,6 +101,14 @@ class Daemon:
         self.journal.listeners.append(lambda ev: call(self.hooks, "event", self, ev))
         self._next_beat = 0.0
         self._next_scan = 0.0
+        #: spool.toml, re-read when it changes and on SIGHUP (set by the handler).
+        self.reloader = config.Reloader(tree.config_file, cfg)
+        self._reload_asked = False
+        #: Failing loop steps: a bounded exponential backoff, and the state the log shows.
+        self.backoff = diskfull.Backoff(first=cfg.daemon.poll_interval, most=30.0)
+        self.disk_full_since: float | None = None
+        self._last_failure: str | None = None
+        self._beat_written = False
 
     # -- lifecycle ---------------------------------------------------------------
     def run(self) -> int:
@@ -94,10 +120,12 @@ class Daemon:
             self.identity.release()
 
     def _run(self) -> int:
-        make_dirs(self.tree.running_dir(self.worker))
         self._install_signals()
-        self.heartbeat.beat(state="running", active=[])
+        if not self._when_space("start", self._begin):
+            return 0  # stopped while the disk was full: nothing was started
         watching = self._probe_filesystem() == "inotify" and self.watcher.start()
+        # inotify is chosen for local filesystems only: their timestamps are this host's
+        self.arrivals.local = watching
         log.info(
             "worker %s started on %s (max_active %d, %s)",
             self.worker,
@@ -105,32 +133,119 @@ class Daemon:
             self.cfg.limits.max_active,
             "inotify + polling" if watching else "polling",
         )
-        for p in fsck.sweep_leftovers(self.tree):
-            log.info("removed %s: %s", p.path, p.problem)
-        for outcome in recover.adopt(self.ctx):
-            log.info("adopted %s: %s -> %s", outcome.job_id, outcome.decision, outcome.to_state)
-        self._check_health()
-        call(self.hooks, "started", self)
         try:
+            if not self._when_space("recover its own jobs", self._adopt):
+                return 0
+            self._check_health()
+            call(self.hooks, "started", self)
             while True:
                 try:
                     if not self._step():
                         break
-                except Exception:
+                    self._step_succeeded()
+                except Exception as exc:
                     # A transient I/O error (a NAS hiccup, a full disk) must not
-                    # kill the daemon: log it, wait a poll interval, try again.
-                    log.exception("loop step failed; retrying in %.1f s", self.cfg.daemon.poll_interval)
-                    time.sleep(self.cfg.daemon.poll_interval)
+                    # kill the daemon: say it once, back off, try again.
+                    self._step_failed(exc)
         finally:
             self.watcher.stop()
             if self.slots:
                 self.interrupt.set()
             for t in list(self.slots.values()):
                 t.join()
-            self.heartbeat.beat(active=[], state="stopped")
+            try:
+                self.heartbeat.beat(active=[], state="stopped")
+            except OSError as exc:
+                log.error("could not record this worker as stopped: %s", diskfull.describe(exc))
             call(self.hooks, "stopped", self)
             log.info("worker %s stopped", self.worker)
         return 0
+
+    def _begin(self) -> None:
+        make_dirs(self.tree.running_dir(self.worker))
+        self.heartbeat.beat(state="running", active=[])
+
+    def _adopt(self) -> None:
+        for p in fsck.sweep_leftovers(self.tree):
+            log.info("removed %s: %s", p.path, p.problem)
+        for outcome in recover.adopt(self.ctx):
+            log.info("adopted %s: %s -> %s", outcome.job_id, outcome.decision, outcome.to_state)
+
+    def _when_space(self, what: str, step: Callable[[], None]) -> bool:
+        """Run ``step``, retrying with backoff while the spool's disk is full;
+        ``False`` if a stop signal came first. Other errors propagate."""
+        backoff = diskfull.Backoff(first=self.cfg.daemon.poll_interval)
+        while True:
+            try:
+                step()
+            except OSError as exc:
+                if not diskfull.is_disk_full(exc):
+                    raise
+                wait = backoff.next()
+                if backoff.failures == 1:
+                    log.error(
+                        "cannot %s: the spool's disk is full (%s); retrying every %g-%g s until "
+                        "there is space",
+                        what,
+                        diskfull.describe(exc),
+                        backoff.first,
+                        backoff.most,
+                    )
+                if not self._pause(wait, "disk full: waiting for space to " + what):
+                    return False
+                continue
+            if backoff.failures:
+                log.info("the spool's disk has space again; going on")
+            return True
+
+    def _pause(self, seconds: float, why: str) -> bool:
+        """Sleep ``seconds`` (telling systemd the loop lives); ``False`` if a stop signal came."""
+        end = time.monotonic() + seconds
+        while not self.stopping:
+            call(self.hooks, "waiting", self, why)
+            left = end - time.monotonic()
+            if left <= 0:
+                return True
+            self.wake.wait(min(left, 5.0))  # an inotify ring does not end a backoff early
+        return False
+
+    def _step_failed(self, exc: Exception) -> None:
+        if diskfull.is_disk_full(exc):
+            if self.disk_full_since is None:
+                self.disk_full_since = time.monotonic()
+                log.error(
+                    "the spool's disk is full (%s): accepting and claiming wait, retrying with backoff up "
+                    "to %.0f s",
+                    diskfull.describe(exc),
+                    self.backoff.most,
+                )
+                try:  # best effort: a heartbeat may still fit, and status shows it
+                    self.heartbeat.beat(active=list(self.slots), state="disk_full")
+                except OSError:
+                    pass
+            self._next_beat = 0.0  # each retry tries to write the heartbeat: the proof of space
+            self._pause(self.backoff.next(), "disk full: " + diskfull.describe(exc))
+            return
+        key = f"{type(exc).__name__}: {exc}"
+        wait = self.backoff.next()
+        if key != self._last_failure:
+            self._last_failure = key
+            log.exception("loop step failed; retrying in %g s", wait)
+        else:  # the same failure again: one line, not another traceback
+            log.error("loop step failed again (%s); retrying in %g s", key, wait)
+        self._pause(wait, f"retrying after: {key}")
+
+    def _step_succeeded(self) -> None:
+        if self.disk_full_since is not None:
+            if not self._beat_written:
+                return  # not proven: nothing in this step needed to write
+            log.info(
+                "the spool's disk has space again after %.0f s; accepting and claiming go on",
+                time.monotonic() - self.disk_full_since,
+            )
+            self.disk_full_since = None
+        self._last_failure = None
+        self.backoff.reset()
 
     def _check_health(self) -> None:
         """Before the first claim: a quarantine left from before stays in force, and
@@ -161,8 +276,13 @@ class Daemon:
         does, apply the publish strategy, and return the watch strategy."""
         try:
             report = doctor.run(self.tree, self.cfg, quick=True)
-        except Exception:
-            log.exception("filesystem probe failed; publish by link (copy where it fails), watch by inotify")
+        except Exception as exc:
+            if diskfull.is_disk_full(exc):
+                log.warning("filesystem probe skipped: the spool's disk is full (%s)", diskfull.describe(exc))
+            else:
+                log.exception(
+                    "filesystem probe failed; publish by link (copy where it fails), watch by inotify"
+                )
             return "poll" if self.cfg.daemon.watch == "poll" else "inotify"
         for warning in report.warnings:
             (log.warning if report.safe else log.error)("filesystem: %s", warning)
@@ -204,6 +324,7 @@ class Daemon:
                 self.interrupt.set()
         else:
             self.wake.clear()
+            self._check_config()
             self._look_at_quarantine(now)
             self._accept()
             if now >= self._next_scan:
@@ -216,25 +337,51 @@ class Daemon:
             if self.drain and self._drained():
                 log.info("drained: nothing pending, running or arriving")
                 return False
+        self._beat_written = False
         if now >= self._next_beat:
             self.heartbeat.beat(
                 active=list(self.slots),
-                state="stopping" if self.stopping else "running",
+                state="stopping" if self.stopping else ("disk_full" if self.disk_full_since else "running"),
                 temp_disk_reserved=sum(self.reserved.values()),
                 oldest_pending_submitted=self.index.oldest_submitted(),
                 pools=self.pools.usage(),
                 quarantined=self.quarantined,
             )
             self._next_beat = now + self.cfg.daemon.heartbeat_interval
+            self._beat_written = True
         call(self.hooks, "tick", self)
         self.wake.wait(timeout=0.5 if self.stopping else self.cfg.daemon.poll_interval)
         return True
 
     # -- steps -------------------------------------------------------------------------
+    def _check_config(self) -> None:
+        """Apply a changed spool.toml (checked every loop; SIGHUP forces a re-read).
+
+        The daemon and ``spool submit`` then judge drops by the same file: a
+        daemon that kept its start-up config accepted what submit rejected."""
+        forced, self._reload_asked = self._reload_asked, False
+        new, line = self.reloader.check(force=forced)
+        if line:
+            (log.info if new is not None or "nothing changed" in line else log.warning)("%s", line)
+        if new is None:
+            return
+        self.cfg = self.ctx.cfg = new
+        secrets.install_from(new.secrets.env, new.secrets.files)
+        os.umask(new.permissions.umask_bits)
+        self.heartbeat.rec.max_active = new.limits.max_active
+        self.pools.capacity = capacities(new)  # running attempts keep what they hold
+        self.heartbeat.rec.temp_disk_limit = new.limits.temp_disk_bytes
+        self.arrivals.quiet = new.daemon.incoming_quiet
+        self._next_beat = 0.0  # show the new limits now
+
     def _accept(self) -> int:
         try:
-            outcomes = accept.accept_incoming(self.tree, self.cfg, self.worker, self.journal)
-        except Exception:  # the daemon never dies on input; log and carry on
+            outcomes = accept.accept_incoming(
+                self.tree, self.cfg, self.worker, self.journal, arrivals=self.arrivals
+            )
+        except Exception as exc:  # the daemon never dies on input; log and carry on
+            if diskfull.is_disk_full(exc):
+                raise  # the loop backs off and says so once
             log.exception("accepting from incoming/ failed")
             return 0
         for o in outcomes:
@@ -313,14 +460,16 @@ class Daemon:
         if outcome in ("blocked", "host-failed"):
             entry = next((e for e in blocklist.entries(self.tree, jid) if e.worker == self.worker), None)
             why = entry.message if entry else ""
-        if self._streak.note(outcome, jid, why) and self.quarantined is None:
+        with self._streak_lock:  # slot threads end at once: one of them quarantines, once
+            if not self._streak.note(outcome, jid, why) or self.quarantined is not None:
+                return
             reason = (
                 f"{len(self._streak.evidence)} host-class failures in a row "
                 f"([health] quarantine_after = {self.cfg.health.quarantine_after})"
             )
-            health.quarantine(self.tree, self.worker, reason, self._streak.evidence)
+            health.quarantine(self.tree, self.worker, reason, list(self._streak.evidence))
             self.quarantined = reason
-            log.error("quarantined: %s; last: %s; spool worker release %s lifts it", reason, why, self.worker)
+        log.error("quarantined: %s; last: %s; spool worker release %s lifts it", reason, why, self.worker)
 
     def _run_job(self, jid: str) -> None:
         try:
@@ -393,6 +542,12 @@ class Daemon:
     def _install_signals(self) -> None:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGHUP, self._on_hangup)
+
+    def _on_hangup(self, signum: int, frame: FrameType | None) -> None:
+        # systemctl reload (ExecReload=kill -HUP): re-read spool.toml in the loop.
+        self._reload_asked = True
+        self.wake.set()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         # Plain assignments and a pipe write only: a handler runs between two

@@ -29,6 +29,9 @@ class Hook:
     def tick(self, daemon: Daemon) -> None:
         """Once per loop iteration (at least every poll interval)."""
 
+    def waiting(self, daemon: Daemon, why: str) -> None:
+        """The loop is paused (a full disk, a failure it backs off from) but lives."""
+
     def event(self, daemon: Daemon, event: Event) -> None:
         """A transition this daemon recorded in the journal.
 

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from spool import config, secrets
+from spool import config, diskfull, secrets
 from spool.errors import SpoolError
 from spool.tree import Tree
 from spool.workers import worker_id
@@ -19,7 +19,13 @@ from spool.workers import worker_id
 from .daemon import Daemon
 from .notify import log_handler
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="The spool render daemon.")
+# No locals in tracebacks: they would print the whole config (and secrets) to the journal.
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="The spool render daemon.",
+    pretty_exceptions_show_locals=False,
+)
 
 
 @app.callback()
@@ -54,6 +60,9 @@ def run(
     except SpoolError as exc:
         typer.echo(f"spoold: {exc}", err=True)
         raise typer.Exit(exc.exit_code) from None
+    except OSError as exc:  # the spool cannot be written at all: one line, not a traceback
+        typer.echo(f"spoold: cannot run on {spool}: {diskfull.describe(exc)}", err=True)
+        raise typer.Exit(1) from None
     raise typer.Exit(code)
 
 

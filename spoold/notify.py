@@ -142,6 +142,11 @@ class SystemdNotify(Hook):
             self._next_status = now + daemon.cfg.daemon.heartbeat_interval
             self._update(queue_status(daemon))
 
+    def waiting(self, daemon: Daemon, why: str) -> None:
+        if self.notifier.enabled:
+            self._ping()  # paused on purpose, not hung
+            self._update(why)
+
     def event(self, daemon: Daemon, event: Event) -> None:
         if threading.current_thread() is threading.main_thread():
             self._ping()  # the loop is busy, not hung: accepting a large drop records many events

@@ -25,6 +25,8 @@ from watchdog.events import (
 )
 from watchdog.observers import Observer
 
+from spool.arrivals import Arrivals
+
 from .waker import Waker
 
 log = logging.getLogger("spoold.watcher")
@@ -43,18 +45,25 @@ class _Handler(FileSystemEventHandler):
         # raise inotify events, and waking on those would spin the loop.
         if event.event_type in ("opened", "closed_no_write"):
             return
-        paths = [event.src_path, getattr(event, "dest_path", "")]
-        self.watcher.saw([os.fsdecode(p) for p in paths if p])
+        src = os.fsdecode(event.src_path)
+        dest = os.fsdecode(getattr(event, "dest_path", "") or "")
+        self.watcher.note_arrival(event.event_type, src, dest)
+        self.watcher.saw([p for p in (src, dest) if p])
 
 
 class Watcher:
     """Sets ``wake`` whenever something changes in the watched folders, and
     collects the job IDs that changed in ``pending``."""
 
-    def __init__(self, folders: list[Path], wake: Waker, pending: Path) -> None:
+    def __init__(
+        self, folders: list[Path], wake: Waker, pending: Path, arrivals: Arrivals | None = None
+    ) -> None:
         self.folders = folders
         self.wake = wake
         self.pending = str(pending)
+        #: Told when a drop in its folder is created, finished (closed after
+        #: writing, or renamed in) or gone: what makes a drop safe to take.
+        self.arrivals = arrivals
         self._changed: set[str] = set()
         self._lock = threading.Lock()
         self._observer: Observer | None = None  # type: ignore[valid-type]
@@ -66,6 +75,23 @@ class Watcher:
                 if folder == self.pending and name.endswith(".json") and not name.startswith("."):
                     self._changed.add(name[:-5])
         self.wake.set()
+
+    def note_arrival(self, kind: str, src: str, dest: str) -> None:
+        a = self.arrivals
+        if a is None:
+            return
+        folder, name = os.path.split(src)
+        if folder == a.folder:
+            if kind == "created":
+                a.created(name)
+            elif kind == "closed":
+                a.finished(name)
+            elif kind in ("deleted", "moved"):
+                a.gone(name)
+        if kind == "moved" and dest:
+            folder, name = os.path.split(dest)
+            if folder == a.folder:
+                a.finished(name)
 
     def changed(self) -> set[str]:
         """Job IDs whose ``pending/`` file appeared or went since the last call."""

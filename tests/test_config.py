@@ -264,3 +264,26 @@ def test_commands_refuse_a_bad_config_naming_the_key(tmp_path: Path):
     assert proc.returncode == EXIT_INVALID
     assert "limits.temp_disk" in proc.stderr
     assert os.listdir(root / "pending") == [] and os.listdir(root / "rejected") == []
+
+
+def test_reloader_applies_a_change_refuses_a_bad_file_once_and_notices_a_deleted_one(tmp_path: Path):
+    path = tmp_path / "spool.toml"
+    path.write_text("[limits]\nmax_active = 2\n")
+    r = config.Reloader(path, config.load(path))
+    assert r.check() == (None, None)
+    path.write_text("[limits]\nmax_active = 4\n")
+    new, line = r.check()
+    assert new is not None and new.limits.max_active == 4 and line and "changed limits.max_active" in line
+    path.write_text("[limits]\nmax_active = -1\n")
+    new, line = r.check()
+    assert new is None and line and "limits.max_active" in line and "keeping" in line
+    assert r.check() == (None, None) and r.cfg.limits.max_active == 4  # said once; old config kept
+    path.unlink()
+    new, line = r.check()
+    assert new is None and line and "is gone" in line
+    assert r.check() == (None, None)
+
+
+def test_the_unit_reloads_with_sighup():
+    unit = (Path(__file__).parent.parent / "systemd" / "spoold@.service").read_text()
+    assert "\nExecReload=/bin/kill -HUP $MAINPID\n" in unit

@@ -11,7 +11,7 @@ import pytest
 from conftest import minimal, run_cli, state_files, wait_for, write_json
 
 from spool import config, samples, settings
-from spool.tree import Tree
+from spool.tree import HOST, Tree
 
 
 def _events(tree: Tree) -> list[dict]:
@@ -179,3 +179,55 @@ def test_second_sigterm_interrupts_at_once(tree, assets, long_clip, daemons):
     assert d.wait(timeout=30) == 0
     assert state_files(tree)["pending"] == ["twice@1.json"]
     assert (tree.attempt_dir("twice@1", 1) / "interrupted.json").exists()
+
+
+def _drop(tree: Tree, name: str, value: dict) -> None:
+    tmp = tree.incoming / f".{name}.json"
+    tmp.write_text(json.dumps(value))
+    tmp.rename(tree.incoming / f"{name}.json")
+
+
+def test_the_daemon_and_submit_apply_the_same_required_tags_after_an_edit(tree, assets, daemons):
+    """A daemon that kept its start-up config accepted what ``spool submit`` refused."""
+    d = daemons(tree)
+    wait_for(lambda: "started on" in d.output(), timeout=30)
+    _set(tree, "acceptance", required_tags=["shot"])
+    sub = minimal(assets, name="untagged")
+    by_cli = run_cli("submit", str(write_json(tree.root.parent / "u.json", sub)), spool=tree)
+    assert by_cli.returncode == 2 and "tags.shot" in by_cli.stderr
+    wait_for(lambda: "changed acceptance.required_tags" in d.output(), timeout=30)
+    _drop(tree, "dropped", minimal(assets, name="untagged2"))
+    wait_for(lambda: (tree.rejected / "dropped.error.json").exists(), timeout=30)
+    assert "tags.shot" in json.loads((tree.rejected / "dropped.error.json").read_text())["reason"]
+    assert d.alive()
+
+
+def test_sighup_rereads_spool_toml_and_a_bad_file_keeps_the_old_config(tree, assets, daemons):
+    d = daemons(tree)
+    wait_for(lambda: "started on" in d.output(), timeout=30)
+    good = tree.config_file.read_text()
+    tree.config_file.write_text(good + '\n[limits]\nmax_active = "zero"\n')  # refused: keep the old
+    d.signal(signal.SIGHUP)
+    wait_for(lambda: "keeping the configuration loaded before" in d.output(), timeout=30)
+    time.sleep(1.0)  # more loops: the refusal is said once, not every poll
+    assert d.output().count("keeping the configuration loaded before") == 1
+    assert d.alive()
+    record = json.loads(tree.worker_file(f"{HOST}-w1").read_text())
+    assert record["state"] == "running" and record["max_active"] == 2
+
+    tree.config_file.write_text(good)
+    _set(tree, "limits", max_active=3)
+    d.signal(signal.SIGHUP)
+    wait_for(lambda: "changed limits.max_active" in d.output(), timeout=30)
+    wait_for(lambda: json.loads(tree.worker_file(f"{HOST}-w1").read_text())["max_active"] == 3)
+
+    tree.config_file.unlink()
+    wait_for(lambda: "is gone; keeping the configuration" in d.output(), timeout=30)
+    time.sleep(1.0)
+    assert d.output().count("is gone") == 1
+    _drop(tree, "still", minimal(assets, name="still"))  # the kept config still accepts
+    wait_for(lambda: not (tree.incoming / "still.json").exists(), timeout=30)
+    assert not (tree.rejected / "still.json").exists()
+    d.signal(signal.SIGTERM)
+    assert d.wait() == 0
+    assert json.loads(tree.worker_file(f"{HOST}-w1").read_text())["state"] == "stopped"

@@ -150,3 +150,92 @@ def test_no_repair_only_reports(done):
     res = run_cli("fsck", "--no-repair", spool=done)
     assert res.returncode == 1 and "PROBLEM" in res.stdout
     assert f.stat().st_mode & stat.S_IWUSR
+
+
+# -- issue 11, item 14: a job in no state; a tampered store object with an intact copy ----------------
+
+
+def test_accepting_keeps_a_read_only_frozen_copy_of_the_job(done):
+    copy = done.job_attempts("good@1") / "job.json"
+    assert copy.read_bytes() == (done.complete / "good@1.json").read_bytes()
+    assert stat.S_IMODE(copy.stat().st_mode) == 0o444
+
+
+@pytest.mark.parametrize(("state", "jid"), [("complete", "good@1"), ("failed", "bad@1")])
+def test_a_job_deleted_from_its_state_is_restored_where_the_evidence_says(done, state, jid):
+    original = (done.root / state / f"{jid}.json").read_bytes()
+    (done.root / state / f"{jid}.json").unlink()
+    code, out = fsck(done)
+    assert code == 0, out
+    [p] = out["problems"]
+    assert p["invariant"] == 1 and p["path"] == jid and p["problem"].startswith("in no state")
+    assert p["repaired"] and p["repair"].startswith(f"restore {state}/{jid}.json from its frozen copy")
+    assert (done.root / state / f"{jid}.json").read_bytes() == original
+    assert fsck(done) == (0, {"clean": True, "problems": []})
+
+
+def test_a_job_without_an_outcome_is_restored_to_held_not_rendered_again(tree, cfg, assets):
+    job = accept.accept_bytes(tree, cfg, json.dumps(minimal(assets, name="waiting")).encode(), "t")
+    (tree.pending / f"{job.job_id}.json").unlink()
+    code, out = fsck(tree)
+    assert code == 0 and out["problems"][0]["repair"].startswith("restore held/waiting@1.json")
+    assert (tree.held / "waiting@1.json").exists() and not (tree.pending / "waiting@1.json").exists()
+
+
+def test_a_job_in_no_state_without_a_copy_is_reported_with_what_to_do(done):
+    (done.complete / "good@1.json").unlink()
+    (done.job_attempts("good@1") / "job.json").unlink()
+    code, out = fsck(done, "--no-repair")
+    assert code == 1
+    [p] = out["problems"]
+    assert (
+        p["path"] == "good@1" and "no frozen copy of the job exists" in p["problem"] and p["repair"] is None
+    )
+
+
+def test_a_tampered_store_object_is_restored_from_an_intact_work_copy(done):
+    obj = store_file(done)
+    digest = obj.name.split(".")[0]
+    m = json.loads(done.manifest_file("good@1").read_text())
+    work = done.attempt_dir("good@1", m["attempt"]) / "work"
+    assert any(p.is_file() for p in work.rglob("*")), "the candidate is still in work/"
+    fake = obj.parent / ".fake"
+    fake.write_bytes(b"tampered" * 100)
+    os.rename(fake, obj)  # replaced, not written through: the work/ link keeps the original
+    code, out = fsck(done)
+    assert code == 0, out
+    [p] = out["problems"]
+    assert (
+        p["invariant"] == 2 and p["repaired"] and p["repair"].startswith("restore it from attempts/good@1/")
+    )
+    from spool.store import sha256_file
+
+    assert sha256_file(obj)[0] == digest
+    assert stat.S_IMODE(obj.stat().st_mode) == 0o444
+    assert fsck(done) == (0, {"clean": True, "problems": []})
+
+
+def test_a_tampered_store_object_without_an_intact_copy_is_reported(done):
+    obj = store_file(done)
+    m = json.loads(done.manifest_file("good@1").read_text())
+    shutil.rmtree(done.attempt_dir("good@1", m["attempt"]) / "work")
+    fake = obj.parent / ".fake"
+    fake.write_bytes(b"tampered")
+    os.rename(fake, obj)
+    code, out = fsck(done)
+    assert code == 1
+    assert any("no intact copy with that hash" in p["problem"] for p in out["problems"])
+
+
+def test_a_quarantined_job_is_not_taken_for_a_job_in_no_state(tree, cfg, assets):
+    job = accept.accept_bytes(tree, cfg, json.dumps(minimal(assets, name="edited")).encode(), "t")
+    path = tree.pending / f"{job.job_id}.json"
+    os.chmod(path, 0o644)
+    edited = json.loads(path.read_text())
+    edited["recipe"]["steps"][0]["duration"] = 0.5  # recipe_hash kept: an edit after acceptance
+    path.write_text(json.dumps(edited))
+    code, out = fsck(tree)
+    assert code == 0, out
+    assert [p["invariant"] for p in out["problems"]] == [5]  # quarantined, not restored from the copy
+    assert (tree.quarantine / "edited@1.json").exists() and not (tree.held / "edited@1.json").exists()
+    assert fsck(tree) == (0, {"clean": True, "problems": []})

@@ -135,3 +135,32 @@ def test_daemon_leaves_a_suspect_other_host_worker_alone_by_default(tree, cfg, a
     wait_for(lambda: (tree.complete / f"{jid}.json").exists(), timeout=60)
     d.signal(signal.SIGTERM)
     d.wait()
+
+
+def test_a_stopped_daemon_is_stalled_under_needs_attention_and_recovers_when_continued(tree, daemons):
+    """A real daemon, really stopped with SIGSTOP: its pid lives, its heartbeat does not."""
+    settings.write(tree.config_file, {"recovery": {"stale_after": 2.0}})
+    d = daemons(tree)
+    worker = f"{HOST}-w1"
+    wait_for(lambda: tree.worker_file(worker).exists(), timeout=30)
+
+    def health() -> tuple[str, list[dict]]:
+        out = json.loads(run_cli("status", "--json", spool=tree, check=True).stdout)
+        (w,) = [w for w in out["workers"] if w["worker"] == worker]
+        return w["health"], [a for a in out["attention"] if a["subject"] == worker]
+
+    assert health() == ("alive", [])
+    d.signal(signal.SIGSTOP)
+    try:
+        time.sleep(3.0)
+        state, items = health()
+        assert state == "stalled"
+        (item,) = items
+        assert item["problem"].startswith("stalled: process ") and "stopped or hung" in item["problem"]
+        assert f"kill -CONT {d.proc.pid}" in item["next_action"] and "--force" in item["next_action"]
+        human = run_cli("status", spool=tree, check=True).stdout
+        assert "stalled" in human and "Needs attention: nothing" not in human
+    finally:
+        d.signal(signal.SIGCONT)
+    wait_for(lambda: health()[0] == "alive", timeout=30)
+    assert d.alive()

@@ -23,8 +23,20 @@ STATE_STYLE = {
     "failed": "red",
     "rejected": "magenta",
 }
-HEALTH_STYLE = {"alive": "green", "suspect": "yellow", "dead": "bold red", "stopped": "dim"}
-KIND_STYLE = {"worker": "bold red", "queue": "bold red", "failed": "red", "rejected": "magenta"}
+HEALTH_STYLE = {
+    "alive": "green",
+    "suspect": "yellow",
+    "stalled": "bold yellow",
+    "dead": "bold red",
+    "stopped": "dim",
+}
+KIND_STYLE = {
+    "worker": "bold red",
+    "queue": "bold red",
+    "failed": "red",
+    "rejected": "magenta",
+    "quarantine": "magenta",
+}
 
 
 def local(ts: datetime | float | None, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:

@@ -1,0 +1,132 @@
+"""When is a file dropped into ``incoming/`` finished? Evidence, name by name.
+
+A drop is taken only once its writer is done with it, never mid-write (a shell
+redirection creates the file long before ``cat`` fills it; ``cp`` of a large
+file grows it for seconds). The rule, in order:
+
+1. **Renamed in, or closed after writing, on this host** (inotify
+   ``IN_MOVED_TO`` / ``IN_CLOSE_WRITE``), and unchanged since: finished now.
+2. **Seen created on this host and not closed yet** (and not hard-linked in,
+   which delivers a file written elsewhere): still being written;
+   taken only if it then stays unchanged for :data:`OPEN_WAIT` seconds (an
+   inotify event can be lost when its queue overflows; a drop must never be
+   stranded for good).
+3. **Anything else** (no inotify, a drop made by another host over NFS, a file
+   already there when the daemon started): its size, mtime and inode must stay
+   unchanged for ``quiet`` seconds, as this process observes them on its own
+   monotonic clock (so another host's clock does not matter). On a local
+   filesystem (``local=True``: every timestamp comes from this host's clock) a
+   file whose ctime is already ``quiet`` seconds old counts as quiet at once;
+   ctime moves with every write and every ``touch``, so it cannot be faked old.
+
+Objects that are not regular files (a FIFO, a symlink, a folder) are taken at
+once: nothing is written into them, and acceptance rejects them unopened.
+
+The watcher thread reports events; the daemon loop asks :meth:`Arrivals.ready`.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable
+
+#: A file this host saw created but never closed is taken after this many seconds unchanged.
+OPEN_WAIT = 60.0
+
+Signature = tuple[int, int, int]  # (size, mtime_ns, inode)
+
+
+def signature(st: os.stat_result) -> Signature:
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+class Arrivals:
+    """What this process knows about files arriving in one ``incoming/`` folder."""
+
+    def __init__(
+        self,
+        folder: os.PathLike[str] | str,
+        quiet: float,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        local: bool = False,
+    ):
+        self.folder = os.fspath(folder)
+        self.quiet = quiet
+        self.clock = clock
+        #: Timestamps come from this host's clock (a local filesystem): ctime is evidence.
+        self.local = local
+        self._lock = threading.Lock()
+        self._finished: dict[str, Signature] = {}  # closed or renamed in: the signature then
+        self._open: set[str] = set()  # created here, no close seen yet
+        self._seen: dict[str, tuple[Signature, float]] = {}  # signature, since when unchanged
+
+    # -- evidence from inotify (the watcher thread) ---------------------------------
+    def created(self, name: str) -> None:
+        try:
+            st = os.lstat(os.path.join(self.folder, name))
+        except OSError:
+            return
+        if st.st_nlink > 1:  # hard-linked in (Maildir's link delivery): written elsewhere, finished
+            self.finished(name)
+            return
+        with self._lock:
+            self._open.add(name)
+            self._finished.pop(name, None)
+
+    def finished(self, name: str) -> None:
+        """Closed after writing, or renamed in: remember what the file looked like then."""
+        try:
+            st = os.lstat(os.path.join(self.folder, name))
+        except OSError:
+            return  # already gone (taken, withdrawn)
+        with self._lock:
+            self._open.discard(name)
+            self._finished[name] = signature(st)
+
+    def gone(self, name: str) -> None:
+        with self._lock:
+            self._open.discard(name)
+            self._finished.pop(name, None)
+            self._seen.pop(name, None)
+
+    # -- the decision (the daemon loop) --------------------------------------------------
+    def ready(self, name: str, st: os.stat_result) -> bool:
+        """Whether the drop ``name``, whose ``lstat`` is ``st``, is finished."""
+        if not stat.S_ISREG(st.st_mode):
+            return True
+        sig = signature(st)
+        now = self.clock()
+        with self._lock:
+            if self._finished.get(name) == sig:
+                return True
+            prev = self._seen.get(name)
+            if prev is None or prev[0] != sig:
+                self._seen[name] = (sig, now)
+                since = now
+            else:
+                since = prev[1]
+            wait = OPEN_WAIT if name in self._open else self.quiet
+        if self.local and time.time() - st.st_ctime >= wait:
+            return True
+        return now - since >= wait
+
+    def why_waiting(self, name: str) -> str:
+        with self._lock:
+            if name in self._open:
+                return "still open for writing"
+        return f"changed less than {self.quiet:g} s ago"
+
+    def taken(self, name: str) -> None:
+        """The drop left ``incoming/`` under this name: forget it."""
+        self.gone(name)
+
+    def prune(self, present: set[str]) -> None:
+        """Forget polling observations of names no longer in the folder (bounded memory).
+        inotify's records are dropped by the events that end them (taken, deleted)."""
+        with self._lock:
+            for n in [n for n in self._seen if n not in present]:
+                del self._seen[n]

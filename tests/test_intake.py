@@ -1,0 +1,201 @@
+"""incoming/ and rejected/ under abuse (issue 11, items 5, 7, 8 and 9).
+
+Real files, real FIFOs and symlinks, a real inotify watcher and real daemons.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from conftest import minimal, wait_for
+
+from spool import accept, settings, status
+from spool.arrivals import Arrivals
+from spool.config import Config
+from spool.events import Journal
+from spool.model import Rejection, decode
+from spool.tree import Tree
+from spoold.waker import Waker
+from spoold.watcher import Watcher
+
+# -- 5: a drop named like a reason ----------------------------------------------------------
+
+
+def shell_count_rejected(tree: Tree) -> int:
+    """The README's shell recipe, run by a real shell."""
+    out = subprocess.run(
+        ["bash", "-c", r"""ls rejected | grep '\.json$' | grep -vc '\.error\.json$'"""],
+        cwd=tree.root,
+        capture_output=True,
+        text=True,
+    )
+    return int(out.stdout.strip())
+
+
+def test_a_drop_named_like_a_reason_is_listed_counted_and_explained(
+    tree: Tree, cfg: Config, journal: Journal
+):
+    (tree.incoming / "oops.error.json").write_bytes(b"[]")
+    (out,) = accept.accept_incoming(tree, cfg, "w1", journal)
+    assert isinstance(out, accept.Rejected)
+    assert sorted(os.listdir(tree.rejected)) == ["oops-error.error.json", "oops-error.json"]
+    assert (tree.rejected / "oops-error.json").read_bytes() == b"[]"
+    rec = decode((tree.rejected / "oops-error.error.json").read_bytes(), Rejection)
+    assert rec.file == "oops.error.json" and "JSON object" in rec.reason
+    assert status.counts(tree)["rejected"] == 1
+    assert status.job_ids(tree, "rejected") == [("oops-error", None)]
+    assert shell_count_rejected(tree) == 1
+
+
+# -- 8: reasons name what the user dropped ----------------------------------------------------
+
+
+def test_a_reason_names_the_dropped_file_not_the_claim_name(tree: Tree, cfg: Config, journal: Journal):
+    (tree.incoming / "huge.json").write_bytes(b" " * (cfg.acceptance.max_submission_bytes + 10))
+    (out,) = accept.accept_incoming(tree, cfg, "w1", journal)
+    assert isinstance(out, accept.Rejected)
+    rec = decode((tree.rejected / "huge.error.json").read_bytes(), Rejection)
+    assert rec.reason.startswith("submission: huge.json is larger than"), rec.reason
+    assert ".accepting" not in rec.reason and ".accepting" not in str(out.error)
+
+
+# -- 9: hostile objects -----------------------------------------------------------------------------
+
+
+def test_hostile_objects_leave_only_regular_files_in_rejected(tree: Tree, cfg: Config, journal: Journal):
+    passwd = Path("/etc/passwd").read_bytes()
+    os.mkfifo(tree.incoming / "pipe.json")
+    os.symlink("/etc/passwd", tree.incoming / "passwd.json")
+    (tree.incoming / "empty.json").mkdir()
+    (tree.incoming / "full.json").mkdir()
+    (tree.incoming / "full.json" / "inside.txt").write_text("kept")
+    outcomes = accept.accept_incoming(tree, cfg, "w1", journal)
+    assert len(outcomes) == 4 and all(isinstance(o, accept.Rejected) for o in outcomes)
+    assert os.listdir(tree.incoming) == []
+
+    visible = sorted(n for n in os.listdir(tree.rejected) if not n.startswith("."))
+    assert len(visible) == 8
+    for n in visible:
+        assert stat.S_ISREG(os.lstat(tree.rejected / n).st_mode), n
+    reasons = {
+        n: decode((tree.rejected / f"{n}.error.json").read_bytes(), Rejection).reason
+        for n in ("pipe", "passwd", "empty", "full")
+    }
+    assert "is a FIFO (named pipe)" in reasons["pipe"]
+    assert "is a symbolic link" in reasons["passwd"] and "/etc/passwd" in reasons["passwd"]
+    assert "is a folder" in reasons["empty"] and "removed" in reasons["empty"]
+    assert "rejected/.kept/full.json" in reasons["full"]
+    assert (tree.rejected / ".kept" / "full.json" / "inside.txt").read_text() == "kept"
+    assert Path("/etc/passwd").read_bytes() == passwd
+    # the README's promise: reading every rejection from a shell never blocks
+    done = subprocess.run(
+        ["bash", "-c", "cat rejected/*.json >/dev/null && sha256sum rejected/*"], cwd=tree.root, timeout=10
+    )
+    assert done.returncode == 0
+
+
+# -- 7: only finished drops are taken -----------------------------------------------------------
+
+
+def test_a_file_open_for_writing_is_not_taken_until_closed(tree: Tree, cfg: Config, journal: Journal):
+    """The real watcher: inotify says when the writer closed the file."""
+    arrivals = Arrivals(tree.incoming, quiet=30.0)
+    watcher = Watcher([tree.incoming], Waker(), tree.pending, arrivals)
+    assert watcher.start()
+    try:
+        data = json.dumps({"name": "half"}).encode()
+        with open(tree.incoming / "half.json", "wb") as f:
+            f.write(data[:5])
+            f.flush()
+            time.sleep(0.3)  # the created event has been seen
+            assert accept.accept_incoming(tree, cfg, "w1", journal, arrivals=arrivals) == []
+            f.write(data[5:])
+        wait_for(lambda: arrivals.ready("half.json", os.lstat(tree.incoming / "half.json")), timeout=5)
+        (out,) = accept.accept_incoming(tree, cfg, "w1", journal, arrivals=arrivals)
+        assert isinstance(out, accept.Rejected) and "JSON" not in str(out.error)  # parsed whole
+        assert (tree.rejected / "half.json").read_bytes() == data  # whole (it is rejected for its content)
+    finally:
+        watcher.stop()
+
+
+def test_without_inotify_a_drop_waits_for_a_quiet_period(tree: Tree, cfg: Config, journal: Journal):
+    arrivals = Arrivals(tree.incoming, quiet=0.6)
+    path = tree.incoming / "slow.json"
+    path.write_bytes(b'{"na')
+    assert accept.accept_incoming(tree, cfg, "w1", journal, arrivals=arrivals) == []
+    time.sleep(0.4)
+    with open(path, "ab") as f:
+        f.write(b'me": "slow"}')  # changed within the quiet period: the clock starts again
+    time.sleep(0.4)
+    assert accept.accept_incoming(tree, cfg, "w1", journal, arrivals=arrivals) == []
+    time.sleep(0.7)  # unchanged for the quiet period since this process saw the change
+    (out,) = accept.accept_incoming(tree, cfg, "w1", journal, arrivals=arrivals)
+    assert isinstance(out, accept.Rejected)
+    assert (tree.rejected / "slow.json").read_bytes() == b'{"name": "slow"}'
+
+
+def test_daemon_accepts_a_shell_redirection_that_writes_late(
+    tree: Tree, assets: Path, daemons, tmp_path: Path
+):
+    job = tmp_path / "j.json"
+    job.write_text(json.dumps(minimal(assets, name="late")))
+    d = daemons(tree)
+    wait_for(lambda: (tree.workers / f"{os.uname().nodename}-w1.json").exists(), timeout=30)
+    subprocess.run(["bash", "-c", f"(sleep 1; cat {job}) > {tree.incoming}/x.json"], check=True)
+    wait_for(lambda: status.locate(tree, "late@1") or list(tree.rejected.iterdir()), timeout=30)
+    assert os.listdir(tree.rejected) == [], d.output()[-3000:]
+    assert d.alive()
+
+
+def test_polling_daemon_accepts_a_slow_copy_whole(tree: Tree, assets: Path, daemons):
+    settings.write(tree.config_file, {"daemon": {"watch": "poll"}})
+    data = b" " * 200_000 + json.dumps(minimal(assets, name="slowcopy")).encode()  # no prefix is JSON
+    d = daemons(tree)
+    wait_for(lambda: (tree.workers / f"{os.uname().nodename}-w1.json").exists(), timeout=30)
+
+    def copy_slowly() -> None:
+        with open(tree.incoming / "slowcopy.json", "wb") as f:
+            for i in range(0, len(data), 50_000):
+                f.write(data[i : i + 50_000])
+                f.flush()
+                time.sleep(0.3)
+
+    t = threading.Thread(target=copy_slowly)
+    t.start()
+    t.join()
+    wait_for(lambda: status.locate(tree, "slowcopy@1") or list(tree.rejected.iterdir()), timeout=30)
+    assert os.listdir(tree.rejected) == [], d.output()[-3000:]
+    assert d.alive()
+
+
+def test_two_folders_of_the_same_name_are_both_kept(tree: Tree, cfg: Config, journal: Journal):
+    for i in (1, 2):
+        (tree.incoming / "twice.json").mkdir()
+        (tree.incoming / "twice.json" / "f.txt").write_text(str(i))
+        (out,) = accept.accept_incoming(tree, cfg, "w1", journal)
+        assert isinstance(out, accept.Rejected)
+    kept = tree.rejected / ".kept"
+    assert sorted(os.listdir(kept)) == ["twice-2.json", "twice.json"]
+    assert (kept / "twice-2.json" / "f.txt").read_text() == "2"
+    assert os.listdir(tree.incoming) == []
+
+
+def test_a_file_hard_linked_in_is_taken_at_once(tree: Tree, cfg: Config, journal: Journal):
+    """Maildir's link delivery: the file was finished elsewhere; inotify shows only its creation."""
+    arrivals = Arrivals(tree.incoming, quiet=30.0)
+    watcher = Watcher([tree.incoming], Waker(), tree.pending, arrivals)
+    assert watcher.start()
+    try:
+        elsewhere = tree.root / "linked.json"
+        elsewhere.write_bytes(b"[]")
+        os.link(elsewhere, tree.incoming / "linked.json")
+        wait_for(lambda: accept.accept_incoming(tree, cfg, "w1", journal, arrivals=arrivals), timeout=5)
+        assert (tree.rejected / "linked.json").read_bytes() == b"[]"
+    finally:
+        watcher.stop()
