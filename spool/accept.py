@@ -41,6 +41,7 @@ from .decoding import convert, parse_json
 from .diskfull import is_disk_full
 from .errors import InvalidInput
 from .events import Journal
+from .kinds.generate import GenerateSpec
 from .model import (
     Expect,
     Rejection,
@@ -81,6 +82,8 @@ class Submission(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     operation: str = "render"
     sources: Annotated[dict[recipe.Role, PathText], msgspec.Meta(max_length=32)] = {}
     recipe: recipe.Recipe | None = None
+    #: A generation's request (``operation = "generate"``; SPEC section 8).
+    generate: GenerateSpec | None = None
     output: OutputRequest = msgspec.field(default_factory=OutputRequest)
     tags: dict[TagKey, TagValue] = {}
     priority: Annotated[int, msgspec.Meta(ge=-1000, le=1000)] = 0

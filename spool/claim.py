@@ -17,7 +17,9 @@ from __future__ import annotations
 import bisect
 import errno
 import time
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 from typing import NamedTuple
 
@@ -46,6 +48,29 @@ class _Key(NamedTuple):
     job_id: str
 
 
+#: Jobs read before the first claim when ``pending/`` holds more names than this:
+#: the look-ahead of a first scan (see :class:`PendingIndex`).
+LOOKAHEAD = 256
+#: Threads reading job files of the backlog: over a network mount each read is a
+#: round trip, and sshfs or NFS serve several at once (8 read ~4x faster than 1).
+READERS = 8
+#: Job files one reader task reads before handing its keys back.
+BATCH = 32
+#: A full listing of ``pending/`` is spaced so that listing costs at most this
+#: share of a core (its CPU time over the interval): 100,000 names over a network
+#: mount take tens of milliseconds of CPU, too much to repeat every poll interval.
+LIST_SHARE = 0.01
+
+
+class _Loaded(NamedTuple):
+    """What reading one job file gave, before it joins the index (see ``_load``)."""
+
+    key: _Key | None
+    damaged: bool = False
+    estimate: int = 0
+    pool: str = pools.RENDER
+
+
 class PendingIndex:
     """The daemon's ordered view of ``pending/``: higher priority first, then
     earlier submission.
@@ -56,6 +81,23 @@ class PendingIndex:
     are skipped when read and compacted away now and then. A full rescan
     costs one directory listing; between rescans the watcher's events are
     applied name by name (:meth:`note`).
+
+    Reading never holds up claiming for long, so a big queue on a network mount
+    (one round trip per job file) starts rendering at once: names a listing
+    reveals go to a *backlog*, read in listing order by :data:`READERS` threads
+    in the background; :meth:`refresh` adds what they have read and waits only
+    until the index holds :data:`LOOKAHEAD` jobs (or the backlog is read). The
+    claim-order guarantee:
+
+    * with an empty backlog (every listed job read), :meth:`ordered` is exact:
+      priority, then submission time, over all of ``pending/`` as last listed;
+    * while a backlog remains (the first scan of a big queue, or a burst of
+      thousands of new names), it is that order over the jobs read so far, at
+      least the first :data:`LOOKAHEAD` of the listing: a job not read yet
+      waits even if its priority is higher. :attr:`backlog` says how many.
+
+    While the backlog lasts no new listing is taken; after it, listings are
+    spaced to :data:`LIST_SHARE` of a core (:meth:`listing_due`).
     """
 
     def __init__(self, tree: Tree, worker: str | None = None) -> None:
@@ -77,26 +119,105 @@ class PendingIndex:
         self._damaged: set[str] = set()
         #: job ID -> resource pool, for jobs outside the render pool (few; saves memory)
         self._pool: dict[str, str] = {}
+        #: job IDs listed but not read yet: the set, and the list in listing order
+        #: (reversed: popped from the end). Only this thread touches either; a name
+        #: leaves the set when its key joins the index, or when it is discarded.
+        self._unread: list[str] = []
+        self._unread_set: set[str] = set()
+        #: reader tasks handed out, oldest first; each returns (job ID, _Loaded) pairs
+        self._inflight: deque[Future[list[tuple[str, _Loaded]]]] = deque()
+        self._readers: ThreadPoolExecutor | None = None
+        #: when (monotonic) the next full listing is due
+        self._next_listing = 0.0
 
     def __len__(self) -> int:
         return len(self._keys)
 
+    @property
+    def backlog(self) -> int:
+        """Job files listed but not in the index yet: the order is exact only at 0."""
+        return len(self._unread_set)
+
+    def listing_due(self, now: float) -> bool:
+        """Whether a full listing may be taken at ``now`` (monotonic): never while a
+        backlog is read, and no more often than :data:`LIST_SHARE` of a core allows."""
+        return not self._unread_set and now >= self._next_listing
+
     def refresh(self) -> int:
-        """Re-read the names in ``pending/``; returns how many jobs it holds."""
-        names = {n[:-5] for n in visible_names(self.tree.pending)}
+        """Re-read the names in ``pending/`` (unless a backlog is still being read),
+        then add what the readers have read; returns how many jobs it holds."""
+        if not self._unread_set:
+            self._list()
+        self._read_backlog()
+        return len(self._keys)
+
+    def _list(self) -> None:
+        cpu = time.thread_time()
+        listed = [n[:-5] for n in visible_names(self.tree.pending)]
+        names = set(listed)
         for jid in self._keys.keys() - names:
             self.discard(jid)
-        new = names - self._keys.keys()
-        keys = [k for k in (self._read_key(jid) for jid in new) if k is not None]
-        for k in keys:
-            self._keys[k.job_id] = k
-        if len(keys) > 64 or self._stale > len(self._sorted) // 2:
+        self._unread = [j for j in reversed(listed) if j not in self._keys]
+        self._unread_set = set(self._unread)
+        self._next_listing = time.monotonic() + (time.thread_time() - cpu) / LIST_SHARE
+
+    def _read_backlog(self) -> None:
+        """Hand out reads and add what came back. Blocks only while the index holds
+        fewer than LOOKAHEAD jobs and more are to come; then adds what is done,
+        keeps READERS tasks busy, and returns."""
+        added: list[_Key] = []
+
+        def merge(task: Future[list[tuple[str, _Loaded]]]) -> None:
+            for jid, loaded in task.result():
+                key = self._merge(jid, loaded)
+                if key is not None:
+                    added.append(key)
+
+        while True:
+            self._hand_out()
+            if not self._inflight:
+                break
+            if len(self._keys) >= LOOKAHEAD:
+                while self._inflight and self._inflight[0].done():
+                    merge(self._inflight.popleft())
+                self._hand_out()
+                break
+            merge(self._inflight.popleft())  # waits for it
+        if len(added) > 64 or self._stale > len(self._sorted) // 2:
             self._sorted = sorted(self._keys.values())  # one sort beats many inserts
             self._stale = 0
         else:
-            for k in keys:
+            for k in added:
                 bisect.insort(self._sorted, k)
-        return len(self._keys)
+
+    def _hand_out(self) -> None:
+        """Keep READERS reader tasks of BATCH names each in flight, in listing order."""
+        while len(self._inflight) < READERS and self._unread:
+            batch: list[str] = []
+            while self._unread and len(batch) < BATCH:
+                jid = self._unread.pop()
+                if jid in self._unread_set:  # else: noted or discarded meanwhile
+                    batch.append(jid)
+            if batch:
+                if self._readers is None:
+                    self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="pending-reader")
+                self._inflight.append(self._readers.submit(self._load_all, batch))
+
+    def _merge(self, jid: str, loaded: _Loaded) -> _Key | None:
+        """Add one read job to the index, unless it left the backlog meanwhile."""
+        if jid not in self._unread_set:
+            return None
+        self._unread_set.discard(jid)
+        if loaded.damaged:
+            self._damaged.add(jid)  # never claimable: the daemon quarantines it
+        if loaded.key is None:
+            return None
+        if loaded.estimate:
+            self._estimate[jid] = loaded.estimate
+        if loaded.pool != pools.RENDER:
+            self._pool[jid] = loaded.pool
+        self._keys[jid] = loaded.key
+        return loaded.key
 
     def note(self, jid: str) -> None:
         """Apply one watcher event about ``pending/<jid>.json`` without a rescan."""
@@ -104,30 +225,35 @@ class PendingIndex:
         if not present:
             self.discard(jid)
         elif jid not in self._keys:
-            key = self._read_key(jid)
+            self._unread_set.add(jid)
+            key = self._merge(jid, self._load(jid))
             if key is not None:
-                self._keys[jid] = key
                 bisect.insort(self._sorted, key)
 
-    def _read_key(self, jid: str) -> _Key | None:
+    def _load_all(self, jids: list[str]) -> list[tuple[str, _Loaded]]:
+        out = []
+        for jid in jids:
+            try:
+                out.append((jid, self._load(jid)))
+            except Exception:  # a bug must not strand the batch: the next listing retries it
+                out.append((jid, _Loaded(None)))
+        return out
+
+    def _load(self, jid: str) -> _Loaded:
+        """Read one job file's order fields (runs in a reader thread: no index state)."""
         try:
             data = read_regular(self.tree.job_file("pending", jid))
             order = msgspec.json.decode(data, type=_Order)
         except (NotRegular, msgspec.DecodeError, msgspec.ValidationError):
-            self._damaged.add(jid)  # never claimable: the daemon quarantines it
-            return None
+            return _Loaded(None, damaged=True)
         except OSError as exc:
-            if exc.errno == errno.ELOOP:  # a symbolic link (O_NOFOLLOW)
-                self._damaged.add(jid)
-            return None  # gone already, or a NAS hiccup: the next scan tells
+            # A symbolic link (O_NOFOLLOW) is damage; otherwise gone already, or a
+            # NAS hiccup: the next scan tells.
+            return _Loaded(None, damaged=exc.errno == errno.ELOOP)
         ts = order.submitted_at.timestamp() if order.submitted_at else 0.0
-        if order.estimate_bytes:
-            self._estimate[jid] = order.estimate_bytes
         kind = kinds.KINDS.get(order.operation)
         pool = kind.pool(data) if kind is not None else pools.RENDER  # claiming judges the rest
-        if pool != pools.RENDER:
-            self._pool[jid] = pool
-        return _Key(-order.priority, ts, jid)
+        return _Loaded(_Key(-order.priority, ts, jid), estimate=order.estimate_bytes, pool=pool)
 
     def take_damaged(self) -> list[str]:
         """Names in ``pending/`` that can never be a job (unparseable, not a regular
@@ -169,16 +295,21 @@ class PendingIndex:
             yield k.job_id
 
     def claimable(self) -> int:
-        """Pending jobs this worker could ever claim (not blocked for it)."""
-        return len(self._keys) - len(self._blocked)
+        """Pending jobs this worker could ever claim (not blocked for it; the
+        backlog counts: a job not read yet is claimable until it says otherwise)."""
+        return len(self._keys) - len(self._blocked) + len(self._unread_set)
 
     def oldest_submitted(self) -> float | None:
-        """When the longest-waiting pending job was submitted (epoch seconds)."""
+        """When the longest-waiting pending job was submitted (epoch seconds);
+        ``None`` while a backlog remains (an unread job may be older)."""
+        if self._unread_set:
+            return None
         return min((k.submitted for k in self._keys.values()), default=None)
 
     def discard(self, jid: str) -> None:
         if self._keys.pop(jid, None) is not None:
             self._stale += 1
+        self._unread_set.discard(jid)  # its entry in _unread, or its read, is ignored
         self._delayed.pop(jid, None)
         self._estimate.pop(jid, None)
         self._pool.pop(jid, None)

@@ -8,12 +8,15 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 
 from .decoding import convert
 from .errors import ConfigError, InvalidInput
+
+if TYPE_CHECKING:
+    from .providers.config import ProviderConfig
 
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
@@ -183,6 +186,14 @@ class Filesystem(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     publish: Literal["auto", "link", "copy"] = "auto"
 
 
+class Library(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The asset library (SPEC section 9)."""
+
+    #: Visibility values search lists without --visibility: a discovery filter that
+    #: fails closed (filesystem permissions are the real access control).
+    visible: list[str] = msgspec.field(default_factory=lambda: ["public", "internal"])
+
+
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     assets: Assets = msgspec.field(default_factory=Assets)
     limits: Limits = msgspec.field(default_factory=Limits)
@@ -196,7 +207,16 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     render: Render = msgspec.field(default_factory=Render)
     observe: Observe = msgspec.field(default_factory=Observe)
     filesystem: Filesystem = msgspec.field(default_factory=Filesystem)
+    library: Library = msgspec.field(default_factory=Library)
     layers: Layers = msgspec.field(default_factory=Layers)
+    #: ``[providers.<name>]`` tables (docs/providers.md): raw here, each checked
+    #: into a ``ProviderConfig`` by :func:`parse` (read them via :attr:`provider_configs`).
+    providers: dict[str, Any] = {}
+
+    @property
+    def provider_configs(self) -> dict[str, ProviderConfig]:
+        """The hosted video providers generation jobs may name, by name."""
+        return self.providers
 
     def asset_roots(self, spool_root: Path) -> list[Path]:
         """Asset roots as absolute, symlink-resolved folders."""
@@ -230,6 +250,12 @@ def parse(raw: bytes, name: str = "spool.toml") -> Config:
             parse_size(getattr(cfg.limits, key))
         except ValueError as exc:
             raise ConfigError(f"{name}: limits.{key}", str(exc)) from None
+    # Imported here: the providers' config builds on this module's types.
+    from .providers.config import parse_providers, secret_names
+
+    cfg.providers = parse_providers(data.get("providers"))
+    # The variables holding provider tokens are secrets: masked wherever spool writes.
+    cfg.secrets.env = sorted({*cfg.secrets.env, *secret_names(cfg.providers.values())})
     return cfg
 
 
@@ -392,6 +418,12 @@ thumbnail_width = 320      # poster-frame JPEG width made after publish (thumbs/
 # What the spool's filesystem can do decides two strategies; `spool doctor` shows
 # what it measured and chose. Pin them here if you know better.
 publish = "auto"           # auto | link | copy: hard-link outputs into store/, or copy + re-hash
+
+[library]
+# spool search lists only assets whose visibility tag is one of these (widen with
+# --visibility). A discovery filter that fails closed, not access control:
+# filesystem permissions on the spool are.
+visible = ["public", "internal"]
 
 [layers]
 # Text and logos must sit inside the safe area, or the job is rejected at submit

@@ -35,7 +35,7 @@ from .publish import publish
 from .secrets import redact
 from .tree import HOST, transfer
 
-__all__ = ["Context", "Journal", "execute", "scrub"]
+__all__ = ["Context", "Journal", "end_attempt", "execute", "scrub"]
 
 log = logging.getLogger("spool.execute")
 
@@ -65,16 +65,28 @@ def execute(ctx: Context, job_id: str) -> str:
         intent.raise_if_cancelled(tree, job_id, attempt.n, ctx.worker)
         if not report.ok:
             raise validation_failure(report)
-        publish(ctx, job, attempt, made.path, report, made.seconds)
-    except Failed as f:
-        return _fail(ctx, job, attempt, f)
-    except Interrupted:
-        return _interrupt(ctx, job_id, attempt, "stopped by the daemon's shutdown")
-    except LostOwnership as exc:
-        return _lost(ctx, job_id, attempt, str(exc))
-    except OSError as exc:
-        return _fail(ctx, job, attempt, _os_failure(exc, attempt, job))
+        publish(
+            ctx, job, attempt, made.path, report, made.seconds,
+            on_stage=kind.stages(ctx, job, attempt, made.path),
+        )  # fmt: skip
+    except (Failed, Interrupted, LostOwnership, OSError) as exc:
+        return end_attempt(ctx, job, attempt, exc)
     return "complete"
+
+
+def end_attempt(ctx: Context, job: JobBase, attempt: Attempt, exc: BaseException) -> str:
+    """Record how an attempt ended short of complete and move the job accordingly (the
+    module docstring's endings); the same for every kind, whoever drives the attempt
+    (a slot thread here, or the daemon's generation driver). Returns the outcome."""
+    if isinstance(exc, Failed):
+        return _fail(ctx, job, attempt, exc)
+    if isinstance(exc, Interrupted):
+        return _interrupt(ctx, job.job_id, attempt, "stopped by the daemon's shutdown")
+    if isinstance(exc, LostOwnership):
+        return _lost(ctx, job.job_id, attempt, str(exc))
+    if isinstance(exc, OSError):
+        return _fail(ctx, job, attempt, _os_failure(exc, attempt, job))
+    raise exc
 
 
 def validation_failure(report: ValidationReport) -> Failed:

@@ -21,12 +21,24 @@ POINTS = (
     "after_store_link",
     "after_result",
     "after_manifest",
+    "mid_index",
+    "after_index",
     "before_complete_rename",
 )
 
 
 #: Crash points off a render's path, each proved by a test of its own.
-OTHER_POINTS = ("after_quarantine_reason", "after_blocklist")
+OTHER_POINTS = (
+    "after_quarantine_reason",
+    "after_blocklist",
+    # A generation's attempt, between its durable states (spool.kinds.generate):
+    "after_gen_intent",
+    "after_gen_create",
+    "after_gen_generating",
+    "after_gen_retrieving",
+    "after_gen_stored",
+    "after_gen_indexed",
+)
 
 
 def crashpoint(name: str) -> None:

@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import kinds, liveness, quarantine, store
+from . import index, kinds, liveness, quarantine, store
 from .accept import JOB_COPY
 from .model import Failure, Manifest, WorkerRecord
 from .publish import install_manifest
@@ -116,6 +116,7 @@ def check(
     problems += _store(tree, repair, verify_hashes)  # before _manifests: it may restore an object
     problems += _manifests(tree, verify_hashes)
     problems += _leftovers(tree, repair, grace)
+    problems += index.fsck_problems(tree, repair=repair)  # the library index (SPEC 9)
     return problems
 
 

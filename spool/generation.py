@@ -66,6 +66,7 @@ from typing import Any, Literal
 import msgspec
 
 from .errors import SpoolError
+from .faults import crashpoint
 from .model import Record, canonical_json, decode, encode, now
 from .polling import Persisted
 from .tree import VANISHED, fsync_dir, link_no_replace, make_dirs, read_retrying, temp_name, write_atomic
@@ -562,6 +563,7 @@ def submit(
         ):
             release(token)
         raise
+    crashpoint("after_gen_create")  # the provider made the job; its ID is not durable yet
     return transition(
         gen, "generating", by, expect="submitted", provider_job_id=job.id, provider_status=job.raw_status
     )

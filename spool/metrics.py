@@ -201,7 +201,9 @@ def queue_families(tree: Tree, worker: str, now: float) -> list[Family]:
         "spool_metrics_written_timestamp_seconds", "gauge", "When this worker last wrote its metrics file."
     )
     written.add(round(now, 3), worker=worker)
-    return [jobs, oldest, beats, written]
+    from .library import families as library_families  # the asset library (SPEC 9)
+
+    return [jobs, oldest, beats, written, *library_families(tree, worker)]
 
 
 # -- the text format ------------------------------------------------------------------------

@@ -5,8 +5,14 @@ Cost on a spool of 100,000 jobs (the rule of :mod:`spool.status`: count with
 directory scans, parse only what is shown):
 
 * counts are directory listings, as in :func:`spool.status.counts`;
-* ages need one ``stat`` per file of ``incoming/``, ``pending/`` and
-  ``running/``; "newest first" one per file of ``failed/``, of the
+* ages need one ``stat`` per file of ``incoming/`` and ``running/``. The
+  oldest pending age costs no stat per pending job (on a NAS each is a network
+  round trip: 20,000 of them took seconds): up to LARGE_QUEUE jobs it is exact;
+  beyond, it is what live daemons' heartbeats report (their claim index knows
+  it), else the oldest of a sample of SAMPLE files (a lower bound), and the
+  report says which (``oldest_pending_age_source``). ``exact=True`` (``spool
+  status --exact``) stats every pending file;
+* "newest first" needs one ``stat`` per file of ``failed/``, of the
   ``.error.json`` files in ``rejected/`` and, for recent outputs only, of
   ``manifests/``. Nothing else is stat'ed;
 * parsed are only the records shown: the running jobs' attempt and progress,
@@ -48,8 +54,17 @@ class _Scan:
 
 
 def _scan(
-    folder: Path, *, suffix: str = ".json", skip: str | None = None, stat: bool, keep: int = 0
+    folder: Path,
+    *,
+    suffix: str = ".json",
+    skip: str | None = None,
+    stat: bool,
+    keep: int = 0,
+    first: list[str] | None = None,
 ) -> _Scan:
+    """Count the files of ``folder``; with ``stat``, also the oldest ctime and the
+    newest ``keep``. ``first`` (without ``stat``) receives the first names listed,
+    up to its capacity SAMPLE."""
     out = _Scan()
     try:
         it = os.scandir(folder)
@@ -64,6 +79,8 @@ def _scan(
                 continue
             if not stat:
                 out.count += 1
+                if first is not None and len(first) < SAMPLE:
+                    first.append(name)
                 continue
             try:
                 ct = e.stat().st_ctime
@@ -77,6 +94,20 @@ def _scan(
         entries.sort(reverse=True)
         out.newest = entries[:keep]
     return out
+
+
+def _oldest_ctime(folder: Path, names: list[str]) -> tuple[float | None, int]:
+    """The oldest ctime of the named files of ``folder``, and how many were stat'ed."""
+    oldest: float | None = None
+    n = 0
+    for name in names:
+        try:
+            ct = os.stat(folder / name).st_ctime
+        except FileNotFoundError:
+            continue
+        n += 1
+        oldest = ct if oldest is None else min(oldest, ct)
+    return oldest, n
 
 
 def _count_prefix(folder: Path, prefix: str) -> int:
@@ -123,28 +154,51 @@ class QueueScan:
     #: newest files in quarantine/ (ctime, job file name without .json)
     quarantined: list[tuple[float, str]]
     running: list[tuple[str, str, float]]  # (job ID, worker, seconds in running/)
+    #: where the oldest pending age came from: "exact" (a stat of every pending
+    #: file), "workers" (live daemons' heartbeats), "sample" (the oldest of the
+    #: first SAMPLE files listed: a lower bound) or "unknown"
+    pending_age_source: str = "exact"
+    #: pending files stat'ed for that age
+    pending_stated: int = 0
 
 
-#: Above this many pending jobs, the oldest one's age comes from the daemons'
-#: heartbeats (their claim index knows it) rather than from a stat of every file.
-LARGE_QUEUE = 5000
+#: Up to this many pending jobs, their age is exact (one stat each: cheap even over
+#: a network mount); above it, it comes from the live daemons' heartbeats (their
+#: claim index knows it), else from a stat of the first SAMPLE files listed.
+LARGE_QUEUE = 256
+#: Pending files stat'ed for a sampled age when no live daemon reports it (at
+#: least LARGE_QUEUE: up to that many, the sample is the whole folder).
+SAMPLE = LARGE_QUEUE
 #: A heartbeat older than this (file-server seconds) is not trusted for that age.
 FRESH_HEARTBEAT = 60.0
 
 
-def scan_queue(tree: Tree, now: float, keep: int = 10) -> QueueScan:
-    """Counts (names only) and ages of the whole queue: one stat per waiting job,
-    except for a large pending/ watched by a live daemon, which reports its age."""
+def scan_queue(tree: Tree, now: float, keep: int = 10, *, exact: bool = False) -> QueueScan:
+    """Counts (names only) and ages of the whole queue.
+
+    The cost never grows with ``pending/`` beyond its listing (on a NAS, one
+    round trip per stat): the oldest pending age is exact up to LARGE_QUEUE jobs,
+    then taken from live daemons' heartbeats, else from a sample of SAMPLE stats
+    (a lower bound). ``exact`` stats every pending file instead.
+    """
     incoming = _scan(tree.incoming, stat=True)
     # Drops a worker has taken (renamed to .accepting.<worker>.<name>) but not yet
     # accepted or rejected are still incoming: a full disk can hold them there.
     incoming.count += _count_prefix(tree.incoming, ".accepting.")
-    pending = _scan(tree.pending, stat=False)
-    oldest = _oldest_pending_from_daemons(tree, now) if pending.count > LARGE_QUEUE else None
-    if oldest is None:
+    source = "exact"
+    if exact:
         pending = _scan(tree.pending, stat=True)
+        stated = pending.count
     else:
-        pending.oldest = oldest
+        first: list[str] = []
+        pending = _scan(tree.pending, stat=False, first=first)
+        daemons = _oldest_pending_from_daemons(tree, now) if pending.count > LARGE_QUEUE else None
+        if daemons is not None:
+            pending.oldest, stated, source = daemons, 0, "workers"
+        else:
+            pending.oldest, stated = _oldest_ctime(tree.pending, first)
+            if pending.count > len(first):
+                source = "sample" if stated else "unknown"
     held = _scan(tree.held, stat=False)
     complete = _scan(tree.complete, stat=False)
     failed = _scan(tree.failed, stat=True, keep=keep)
@@ -191,6 +245,8 @@ def scan_queue(tree: Tree, now: float, keep: int = 10) -> QueueScan:
         rejected=errors.newest,
         quarantined=quarantined.newest,
         running=sorted(running, key=lambda r: -r[2]),
+        pending_age_source=source,
+        pending_stated=stated,
     )
 
 
@@ -507,12 +563,16 @@ def recent_outputs(tree: Tree, limit: int) -> list[dict[str, Any]]:
     return rows
 
 
-def overview(tree: Tree, cfg: Config, *, limit: int = 10, recent: int = 0) -> dict[str, Any]:
+def overview(
+    tree: Tree, cfg: Config, *, limit: int = 10, recent: int = 0, exact: bool = False
+) -> dict[str, Any]:
     """Everything the status views show. Keeps the keys of :func:`spool.status.report`
     (``spool``, ``counts``, ``oldest_pending_age``, ``running``, ``failed``,
-    ``rejected``, ``workers``) and adds ``oldest_age``, ``attention``, ``recent``."""
+    ``rejected``, ``workers``) and adds ``oldest_age``, ``attention``, ``recent``,
+    and how the pending age was had (``oldest_pending_age_source``, see
+    :class:`QueueScan`; ``oldest_pending_stated``: pending files stat'ed)."""
     now = clock(tree)
-    scan = scan_queue(tree, now, keep=limit)
+    scan = scan_queue(tree, now, keep=limit, exact=exact)
     running = running_rows(tree, scan)
     failed = failed_rows(tree, scan)
     rejected = rejected_rows(tree, scan)
@@ -523,6 +583,8 @@ def overview(tree: Tree, cfg: Config, *, limit: int = 10, recent: int = 0) -> di
         "generated_at": now,
         "counts": scan.counts,
         "oldest_pending_age": scan.oldest_age["pending"],
+        "oldest_pending_age_source": scan.pending_age_source,
+        "oldest_pending_stated": scan.pending_stated,
         "oldest_age": scan.oldest_age,
         "running": running,
         "attention": attention(scan.counts, workers, failed, rejected, disk)
@@ -532,7 +594,14 @@ def overview(tree: Tree, cfg: Config, *, limit: int = 10, recent: int = 0) -> di
         "rejected": rejected,
         "workers": workers,
         "recent": recent_outputs(tree, recent),
+        "library": _library_stats(tree),
     }
+
+
+def _library_stats(tree: Tree) -> dict[str, Any]:
+    from .library import stats  # the asset library (SPEC 9)
+
+    return stats(tree)
 
 
 def approvals(tree: Tree, job_id: str, current_sha256: str | None = None) -> list[dict[str, Any]]:

@@ -18,8 +18,11 @@ RENDER = "render"
 
 
 def capacities(cfg: Config) -> dict[str, int]:
-    """Every pool this spool's config sizes, by name."""
-    return {RENDER: cfg.limits.max_active}
+    """Every pool this spool's config sizes, by name: the render slots, and one
+    ``provider:<name>`` allowance (``in_flight``) per configured provider."""
+    from .providers.config import pool_capacities  # the providers build on config, not on pools
+
+    return {RENDER: cfg.limits.max_active, **pool_capacities(cfg.provider_configs.values())}
 
 
 class Pools:

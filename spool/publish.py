@@ -7,6 +7,8 @@ and one rule for an existing manifest. Each step is durable before the next:
 2. link the validated file into the store (idempotent, content-addressed);
 3. ``result.json`` in the attempt: the manifest as this attempt stages it;
 4. fence again, then ``manifests/J.json`` by :func:`install_manifest`;
+4b. the library index entries (:mod:`spool.index`), so a complete job is
+   always found by its tags;
 5. fence and commit: ``rename(running/<me>/J.json, complete/J.json)``. The
    rename fails for a worker whose job was taken away, so a non-owner can
    never complete a job.
@@ -29,7 +31,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from . import store
+from . import index, store
 from .attempt import Attempt, write_result
 from .context import Context
 from .errors import Failed, LostOwnership
@@ -102,6 +104,8 @@ def publish(
     crashpoint("after_manifest")
     if on_stage is not None:
         on_stage("stored")
+    index.index_job(tree, manifest, ctx.cfg.acceptance.required_tags)  # the library (SPEC 9)
+    crashpoint("after_index")
     if on_stage is not None:
         on_stage("indexed")
     fence(ctx, job.job_id, "complete")

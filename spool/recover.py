@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from . import kinds, liveness, quarantine, retry, store
+from . import index, kinds, liveness, quarantine, retry, store
 from .attempt import open_attempt, write_failure
 from .context import Context
 from .errors import LostOwnership
@@ -75,7 +75,7 @@ __all__ = ["Decision", "Evidence", "Outcome", "RecoveryRecord", "adopt", "decide
 @dataclass(frozen=True)
 class Outcome:
     job_id: str
-    decision: Decision | Literal["quarantine"]
+    decision: Decision | Literal["quarantine", "resumed"]
     reason: str
     to_state: str
 
@@ -234,6 +234,16 @@ def recover(
         return Outcome(job_id, decision, reason, _target(decision))
     if owner != ctx.worker and not takeover(ctx, owner, job_id, why or "recovery"):
         return None
+    # A kind may carry on an attempt in flight itself (a generation keeps polling the
+    # same provider job); only otherwise does the evidence decide.
+    n = current_attempt(tree, job_id, owner)
+    if n and kinds.of(job).resume(ctx, job, tree.attempt_dir(job_id, n)):
+        reason = f"attempt {n} is in flight; its kind resumes it"
+        ctx.journal.record(
+            job_id, "running", from_="running", attempt=n, reason=f"recovery (resumed): {reason}"
+        )
+        log.info("%s: recovery resumed attempt %d", job_id, n)
+        return Outcome(job_id, "resumed", reason, "running")
     report = None
     valid: bool | None = None
     if needs_validation:
@@ -304,6 +314,9 @@ def _apply(
 ) -> str:
     tree, jid = ctx.tree, job.job_id
     if decision == "published":
+        published = read(tree.manifest_file(jid), Manifest)
+        assert published is not None  # decided "published": it exists and verifies
+        index.index_job(tree, published, ctx.cfg.acceptance.required_tags)
         _move(ctx, jid, "complete")
         return "complete"
     if decision == "staged":
@@ -311,7 +324,8 @@ def _apply(
         assert staged is not None
         # No verified manifest for this recipe exists (else the decision were
         # "published"): the one publish rule installs the verified staged result.
-        install_manifest(tree, staged)
+        installed = install_manifest(tree, staged)
+        index.index_job(tree, installed, ctx.cfg.acceptance.required_tags)
         _move(ctx, jid, "complete")
         return "complete"
     if decision == "recorded-failure":

@@ -6,6 +6,7 @@ Routes (GET and HEAD; other methods get 405, other paths 404)::
     /jobs/<job_id>           the job page                                 progress, attention, recent
     /static/app.js|app.css   the page's code                              outputs, workers
     /thumbs/<sha256>.jpg     a poster frame        /api/jobs/<job_id>     one job, with its timeline
+    /download/<sha256>       a verified output     /api/library?t=TERM    library search (SPEC 9)
 
 Safe by construction, not by filtering:
 
@@ -36,6 +37,7 @@ import errno
 import logging
 import os
 import re
+import shutil
 import socket
 import stat
 import threading
@@ -45,7 +47,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import msgspec
 
@@ -58,10 +60,13 @@ log = logging.getLogger("spool.web")
 
 #: Recent outputs the status page shows.
 RECENT = 12
+#: Most library results one page request returns.
+LIBRARY_LIMIT = 60
 #: Seconds an overview is reused for every viewer.
 CACHE_SECONDS = 1.0
 
 _THUMB = re.compile(r"^/thumbs/([0-9a-f]{64})\.jpg$")
+_DOWNLOAD = re.compile(r"^/download/([0-9a-f]{64})$")
 _JOB_PAGE = re.compile(r"^/jobs/([^/]+)$")
 _JOB_API = re.compile(r"^/api/jobs/([^/]+)$")
 _STATIC = {"/static/app.js": ("app.js", "text/javascript"), "/static/app.css": ("app.css", "text/css")}
@@ -120,6 +125,20 @@ class StatusSource:
         info["refresh_seconds"] = self.cfg.observe.page_refresh
         return msgspec.json.encode(info)
 
+    def library(self, query: str) -> tuple[HTTPStatus, bytes]:
+        """``/api/library?t=TERM&t=TERM``: current versions, visibility as configured
+        (the page cannot widen it), at most :data:`LIBRARY_LIMIT` results."""
+        from . import enrich, library
+        from .errors import SpoolError
+
+        terms = parse_qs(query, keep_blank_values=False).get("t", [])
+        try:
+            q = library.parse_terms(terms, enrich.plugins())
+            res = library.search(self.tree, self.cfg, q, limit=LIBRARY_LIMIT)
+        except SpoolError as exc:
+            return HTTPStatus.BAD_REQUEST, msgspec.json.encode({"error": str(exc)})
+        return HTTPStatus.OK, msgspec.json.encode(res)
+
     def thumbnail(self, digest: str) -> bytes | None:
         """The JPEG bytes of ``thumbs/<digest>.jpg``, or ``None`` unless it is a
         regular file, reached without following a symlink, inside the spool."""
@@ -159,6 +178,7 @@ class Handler(BaseHTTPRequestHandler):
     timeout = 30  # a slow or idle client cannot hold a thread for long
     source: StatusSource  # set on the subclass made by make_server
     page: bytes
+    query: str = ""
 
     def version_string(self) -> str:
         return self.server_version
@@ -176,6 +196,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def _route(self, head: bool) -> None:
         raw = urlsplit(self.path).path
+        self.query = urlsplit(self.path).query
+        if (m := _DOWNLOAD.match(raw)) is not None:
+            return self._download(m.group(1), head)
         try:
             status, body, ctype, extra = self._resolve(unquote(raw, errors="strict"))
         except UnicodeDecodeError:
@@ -200,11 +223,36 @@ class Handler(BaseHTTPRequestHandler):
             if body is None:
                 return HTTPStatus.NOT_FOUND, b'{"error":"no such job"}', "application/json", no_store
             return HTTPStatus.OK, body, "application/json", no_store
+        if path == "/api/library":
+            code, body = src.library(self.query)
+            return code, body, "application/json", no_store
         if m := _THUMB.match(path):
             img = src.thumbnail(m.group(1))
             if img is not None:
                 return HTTPStatus.OK, img, "image/jpeg", {"Cache-Control": "max-age=86400, immutable"}
         return HTTPStatus.NOT_FOUND, b"not found\n", "text/plain", {}
+
+    def _download(self, digest: str, head: bool) -> None:
+        """Stream a store object after re-hashing it (the ``spool get`` promise)."""
+        from .errors import SpoolError
+        from .library import resolve
+
+        try:
+            got = resolve(self.source.tree, digest)
+            size = got.path.stat().st_size
+            f = open(got.path, "rb")  # noqa: SIM115 - closed below
+        except (SpoolError, OSError):
+            return self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain")
+        with f:
+            self.send_response(HTTPStatus.OK)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(size))
+            self.send_header("Content-Disposition", f'attachment; filename="{got.file}"')
+            for k, v in _SECURITY_HEADERS.items():
+                self.send_header(k, v)
+            self.end_headers()
+            if not head:
+                shutil.copyfileobj(f, self.wfile, 1 << 20)
 
     def _send(
         self,

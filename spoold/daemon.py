@@ -48,6 +48,7 @@ from spool.status import count
 from spool.tree import Tree, make_dirs, visible_names
 from spool.workers import Heartbeat, Identity
 
+from .generations import Generations
 from .hooks import Hook, call, default_hooks
 from .policies import AutoRecover
 from .waker import Waker
@@ -99,6 +100,8 @@ class Daemon:
         self.stats: dict[str, int] = {"claim_conflicts": 0, "claims": 0}
         self.hooks = [AutoRecover(), *default_hooks()] if hooks is None else hooks
         self.journal.listeners.append(lambda ev: call(self.hooks, "event", self, ev))
+        #: Generations (driven kinds) run here between polls, not in slot threads.
+        self.generations = Generations(self.ctx, self._driven_done)
         self._next_beat = 0.0
         self._next_scan = 0.0
         #: spool.toml, re-read when it changes and on SIGHUP (set by the handler).
@@ -137,6 +140,7 @@ class Daemon:
             if not self._when_space("recover its own jobs", self._adopt):
                 return 0
             self._check_health()
+            self.generations.start()
             call(self.hooks, "started", self)
             while True:
                 try:
@@ -149,6 +153,7 @@ class Daemon:
                     self._step_failed(exc)
         finally:
             self.watcher.stop()
+            self.generations.stop()  # generations in flight stay in running/ and resume at restart
             if self.slots:
                 self.interrupt.set()
             for t in list(self.slots.values()):
@@ -327,7 +332,7 @@ class Daemon:
             self._check_config()
             self._look_at_quarantine(now)
             self._accept()
-            if now >= self._next_scan:
+            if self.index.backlog or (now >= self._next_scan and self.index.listing_due(now)):
                 self.index.refresh()  # the truth, on a timer: inotify misses other hosts
                 self._next_scan = now + self.cfg.daemon.poll_interval
             else:
@@ -340,7 +345,7 @@ class Daemon:
         self._beat_written = False
         if now >= self._next_beat:
             self.heartbeat.beat(
-                active=list(self.slots),
+                active=[*self.slots, *self.generations.held()],
                 state="stopping" if self.stopping else ("disk_full" if self.disk_full_since else "running"),
                 temp_disk_reserved=sum(self.reserved.values()),
                 oldest_pending_submitted=self.index.oldest_submitted(),
@@ -350,7 +355,9 @@ class Daemon:
             self._next_beat = now + self.cfg.daemon.heartbeat_interval
             self._beat_written = True
         call(self.hooks, "tick", self)
-        self.wake.wait(timeout=0.5 if self.stopping else self.cfg.daemon.poll_interval)
+        # While a big first scan is read (in the background), look back soon for more.
+        reading = self.index.backlog and not self.stopping
+        self.wake.wait(timeout=0.05 if reading else 0.5 if self.stopping else self.cfg.daemon.poll_interval)
         return True
 
     # -- steps -------------------------------------------------------------------------
@@ -440,6 +447,9 @@ class Daemon:
             self.reserved[jid] = need
             self.pools.take(jid, pool)
             crashpoint("after_claim")
+            if self.generations.drives(pool):
+                self.generations.take(jid)  # no thread, no render slot: polled by the driver
+                continue
             t = threading.Thread(target=self._run_job, args=(jid,), name=f"job-{jid}", daemon=True)
             self.slots[jid] = t
             t.start()
@@ -491,6 +501,13 @@ class Daemon:
                 self._finished.add(jid)
             self.wake.set()
 
+    def _driven_done(self, jid: str, outcome: str) -> None:
+        """The generation driver finished a job: reap it like a slot thread's."""
+        self._note_outcome(jid, outcome)
+        with self._orphans_lock:
+            self._finished.add(jid)
+        self.wake.set()
+
     def _recover_orphans(self) -> None:
         """Recover our own running jobs whose attempt thread died, with backoff."""
         now = time.monotonic()
@@ -515,6 +532,11 @@ class Daemon:
                 del self.slots[jid]
                 self.reserved.pop(jid, None)
                 self.pools.give_back(jid)
+        for jid in finished - self.slots.keys():  # driven jobs: no thread to join
+            self.reserved.pop(jid, None)
+            self.pools.give_back(jid)
+        for jid, pool in self.generations.adopted():  # resumed by recovery: they hold their pool
+            self.pools.take(jid, pool)
 
     def _disk_allows(self, need: int) -> bool:
         """Reserve before claiming: within the allowance, and actually free on disk."""
@@ -528,7 +550,7 @@ class Daemon:
         """Nothing left that this worker could do: nothing running, arriving, or pending
         that it may claim (a quarantined worker may claim nothing; a blocked job is
         another worker's)."""
-        if self.slots or self.orphans:
+        if self.slots or self.orphans or self.generations.busy():
             return False
         if self.quarantined is not None:
             return True

@@ -135,7 +135,9 @@ def test_a_lone_broken_worker_is_bounded_and_its_quarantine_outlives_a_restart(
 
 def test_the_start_self_check_catches_a_missing_font(tree, assets, daemons):
     _config(tree, render={"font_file": "/no/such/font.ttf"})
-    _submit(tree, assets, ["needs-font"])
+    # straight into pending/: a drained, quarantined worker exits before a drop settles
+    sub = write_json(tree.root.parent / "needs-font.json", minimal(assets, name="needs-font"))
+    run_cli("submit", str(sub), spool=tree, check=True)
     d = daemons(tree, "fontless", drain=True)
     assert d.wait(timeout=60) == 0
     q = health.quarantined(tree, f"{HOST}-fontless")

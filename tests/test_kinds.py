@@ -102,7 +102,9 @@ def test_a_full_pool_does_not_block_another():
 def test_render_work_draws_from_the_render_pool_sized_by_max_active(cfg: Config):
     assert pools.capacities(cfg) == {"render": cfg.limits.max_active}
     for kind in KINDS.values():
-        assert kind.pool(b"{}") == pools.RENDER
+        if not kind.driven:  # a generation draws from its provider's allowance (test_generate.py)
+            assert kind.pool(b"{}") == pools.RENDER
+    assert KINDS["generate"].pool(b'{"generate": {"provider": "sim"}}') == "provider:sim"
 
 
 def test_the_daemon_reports_each_pool_in_its_heartbeat(tree: Tree, assets: Path, daemons):

@@ -27,6 +27,8 @@ EXPECTED = {
     "after_store_link": ("accept-candidate", ["1", "2"]),
     "after_result": ("staged", ["1"]),
     "after_manifest": ("published", ["1"]),
+    "mid_index": ("published", ["1"]),
+    "after_index": ("published", ["1"]),
     "before_complete_rename": ("published", ["1"]),
 }
 

@@ -1,8 +1,8 @@
 """tools/bench: spool side by side with the queues people would pick instead, and
 with the machine's limits (issue 7). Run it through ``tools/bench``.
 
-    tools/bench [all|dispatch|latency|render|publish|scale|syscalls] [--quick|--smoke]
-                [--json FILE] [--markdown]
+    tools/bench [all|dispatch|latency|render|publish|scale|library|syscalls|nas]
+                [--quick|--smoke] [--json FILE] [--markdown] [--huge]
 
 Prints ONE table: each measure, spool's figure, a peer's figure (or the
 machine's floor), their ratio and the target, met or missed. Every figure is
@@ -30,7 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import common
 from benchlib.common import Row, log, notes, rows_json, table
 
-MEASURES = ("dispatch", "latency", "render", "publish", "scale", "syscalls")
+MEASURES = ("dispatch", "latency", "render", "publish", "scale", "library", "syscalls")
+#: Measures run only when named: ``nas`` needs root and FUSE (tools/multimount).
+EXTRA = ("nas",)
 
 
 def run_measure(name: str, mode: str) -> tuple[list[Row], list[str]]:
@@ -59,6 +61,14 @@ def run_measure(name: str, mode: str) -> tuple[list[Row], list[str]]:
         from benchlib import syscalls
 
         return syscalls.run(mode)
+    if name == "nas":
+        from benchlib import nas
+
+        return nas.run(mode)
+    if name == "library":
+        from benchlib import library
+
+        return library.run(mode)
     raise ValueError(name)
 
 
@@ -81,7 +91,7 @@ def machine() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="tools/bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("measure", nargs="?", default="all", choices=("all", *MEASURES))
+    ap.add_argument("measure", nargs="?", default="all", choices=("all", *MEASURES, *EXTRA))
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="smaller sizes and fewer rounds")
     size.add_argument("--smoke", action="store_true", help="tiny sizes: proves every row can be produced")

@@ -1,8 +1,11 @@
-"""The demo behind ``tools/demo``: one ad, three variants, a daemon draining them.
+"""The demo behind ``tools/demo``: one ad, three variants, a generated clip, a daemon draining them.
 
 Everything is real: the media comes from FFmpeg's lavfi sources, jobs go in
 through ``spool submit`` and ``incoming/``, and ``spoold run --drain`` renders,
-validates and publishes them. Run it again and it starts from a fresh spool
+validates and publishes them. A fourth clip comes from a "hosted video model":
+tools/provsim.py, the Replicate-compatible simulator, started here on
+127.0.0.1 (no network, no real token), through the same gate, store and
+manifest. Run it again and it starts from a fresh spool
 (the generated media is kept).
 """
 
@@ -16,11 +19,51 @@ import sys
 import time
 from pathlib import Path
 
+from provsim import ProviderSim  # tools/ is this script's folder
+
 from spool import samples
 
 HERE = Path(__file__).resolve().parent.parent
 DEMO = HERE / "demo"
 BIN = Path(sys.executable).parent
+#: The simulator's token: it lives in the daemon's environment only, never in a file.
+SIM_TOKEN = "demo-sim-token-4f1c2b"
+
+
+def provider_table(url: str) -> str:
+    """``[providers.sim]``: the simulator, as a real provider would be configured (README)."""
+    return f"""
+[providers.sim]
+kind = "replicate"
+base_url = "{url}"
+token_env = "DEMO_PROVIDER_TOKEN"
+in_flight = 8
+deadline = "5m"
+
+[providers.sim.polling]
+first = 0.5
+base = 0.5
+ceiling = 2.0
+"""
+
+
+def generated(name: str) -> dict[str, object]:
+    return {
+        "name": name,
+        "operation": "generate",
+        "generate": {
+            "provider": "sim",
+            "model": "acme/video-1",
+            "input": {
+                "prompt": "The Morning Mug on a beach at dawn",
+                "width": 640,
+                "height": 360,
+                "duration": 3,
+            },
+        },
+        "output": {"expect": {"video_streams": 1, "width": 640, "height": 360, "duration": 3}},
+        "tags": {"campaign": "morning-mug", "locale": "en-GB", "asset_type": "ad", "visibility": "internal"},
+    }
 
 
 def sh(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -122,20 +165,45 @@ def main() -> int:
     os.rename(tmp, spool / "incoming" / "mug-ad-1x1.json")
     print(f"dropped {tmp.with_suffix('').name} into incoming/", flush=True)
 
-    sh(str(BIN / "spoold"), "run", "--spool", str(spool), "--worker", "demo", "--drain")
+    sim = ProviderSim(token=SIM_TOKEN, work=2.0).start()
+    print(f"provider simulator (Replicate API) on {sim.url}", flush=True)
+    with open(spool / "spool.toml", "a") as f:
+        f.write(provider_table(sim.url))
+    (subs / "mug-gen.json").write_text(json.dumps(generated("mug-gen"), indent=2))
+    sh(str(BIN / "spool"), "submit", str(subs / "mug-gen.json"))
+    os.environ["DEMO_PROVIDER_TOKEN"] = SIM_TOKEN
+    try:
+        sh(str(BIN / "spoold"), "run", "--spool", str(spool), "--worker", "demo", "--drain")
+    finally:
+        stats = sim.stats()
+        sim.stop()
+    print(
+        f"\nthe provider saw: {stats.get('create', 0)} create, {stats.get('get', 0)} polls, "
+        f"{stats.get('download', 0)} download(s)",
+        flush=True,
+    )
+    gen = sorted(p.name for p in (spool / "attempts" / "mug-gen@1" / "1" / "gen").iterdir())
+    print(f"ls attempts/mug-gen@1/1/gen: {' '.join(gen)}", flush=True)
     print(flush=True)
     sh(str(BIN / "spool"), "status")
     print(flush=True)
-    for name, _, _ in variants:
+    for name in [*(v[0] for v in variants), "mug-gen"]:
         sh(str(BIN / "spool"), "show", f"{name}@1")
     print("\nmanifests:", flush=True)
     for m in sorted((spool / "manifests").glob("*.json")):
         data = json.loads(m.read_text())
         out = data["output"]
         print(f"  {m.name}: {out['store_path']} ({out['size']} bytes, sha256 {out['sha256'][:16]}...)")
+    # The asset library: find the ads by their tags, then fetch one, verified.
+    print(flush=True)
+    sh(str(BIN / "spool"), "search", "campaign=morning-mug", "asset_type=ad")
+    downloads = DEMO / "downloads"
+    shutil.rmtree(downloads, ignore_errors=True)
+    downloads.mkdir()
+    sh(str(BIN / "spool"), "get", "mug-ad-16x9", "--to", str(downloads))
     print(f"\ndemo finished in {time.monotonic() - started:.1f} s; look around with: ls -R {spool}")
     complete = len(list((spool / "complete").glob("*.json")))
-    return 0 if complete == len(variants) else 1
+    return 0 if complete == len(variants) + 1 else 1
 
 
 if __name__ == "__main__":

@@ -144,6 +144,10 @@ def check(root: Path, *, settled: bool = True) -> list[str]:
                     if key not in rec:
                         problems.append(f"invariant 6: failure record of {jid} lacks {key}")
 
+    # Section 9. the library index: a complete job is found by each required tag, and
+    # (settled) every entry names a job with a manifest.
+    problems += _library(root, where, settled)
+
     # 2 (again). partial output only in attempts/*/*/work: nothing half-written elsewhere
     for state in STATES:
         folder = root / state
@@ -152,6 +156,53 @@ def check(root: Path, *, settled: bool = True) -> list[str]:
                 if p.name.startswith(".") and p.name.endswith(".tmp"):
                     problems.append(f"invariant 2: temporary file left in {state}/: {p.name}")
     return problems
+
+
+def _encode(value: str) -> str:
+    """SPEC 9's file name of a tag value, re-implemented here (see spool/index.py's docstring)."""
+    safe = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-."
+    raw = value.encode("utf-8")
+    name = "".join(
+        chr(b) if b in safe and not (i == 0 and b == 46) else f"%{b:02X}" for i, b in enumerate(raw)
+    )
+    if len(name) <= 200:
+        return name
+    cut = name[:167]
+    if "%" in cut[-2:]:
+        cut = cut[: cut.rindex("%")]
+    return cut + "~" + hashlib.sha256(raw).hexdigest()[:32]
+
+
+def _library(root: Path, where: dict[str, list[str]], settled: bool) -> list[str]:
+    import tomllib
+
+    try:
+        conf = tomllib.loads((root / "spool.toml").read_text())
+    except (OSError, ValueError):
+        conf = {}
+    required = conf.get("acceptance", {}).get(
+        "required_tags", ["campaign", "locale", "asset_type", "visibility"]
+    )
+    out = []
+    for jid, states in sorted(where.items()):
+        if "complete" not in states:
+            continue
+        try:
+            m = json.loads((root / "manifests" / f"{jid}.json").read_text())
+        except (OSError, ValueError):
+            continue  # invariant 3 reports it
+        for tag in required:
+            if tag in m["tags"] and not (root / "index" / tag / _encode(m["tags"][tag]) / jid).exists():
+                out.append(f"section 9: complete {jid} is not indexed under {tag}={m['tags'][tag]!r}")
+        name, rev = jid.rsplit("@", 1)
+        if not (root / "library" / name / rev).is_file():
+            out.append(f"section 9: complete {jid} has no version record library/{name}/{rev}")
+    index = root / "index"
+    if settled and index.is_dir():
+        for entry in index.glob("*/*/*"):
+            if not entry.name.startswith(".") and not (root / "manifests" / f"{entry.name}.json").is_file():
+                out.append(f"section 9: index entry {entry.relative_to(root)} names a job without a manifest")
+    return out
 
 
 def main(argv: list[str]) -> int:

@@ -47,7 +47,8 @@ def _spool(home: Path, name: str, poll: float, max_active: int) -> Tree:
     settings.write(
         t.config_file,
         {
-            "daemon": {"poll_interval": poll},
+            # a drop that only polling sees must stay unchanged for incoming_quiet: as short as a poll here
+            "daemon": {"poll_interval": poll, "incoming_quiet": poll},
             "limits": {"max_active": max_active},
             "observe": {"metrics_dir": "", "thumbnail_width": 0},
             "acceptance": {"allow_noop": True},

@@ -28,6 +28,7 @@ def _app() -> typer.Typer:
     from . import observe  # noqa: F401  # isort: skip
     from . import intent  # noqa: F401  # isort: skip
     from . import repair  # noqa: F401  # isort: skip
+    from . import library  # noqa: F401  # isort: skip
     from . import doctor  # noqa: F401  # isort: skip
     from . import worker  # noqa: F401  # isort: skip
     from .common import app

@@ -49,12 +49,12 @@ def console() -> Console:
     return Console(highlight=False, width=1000, no_color=True, soft_wrap=True)
 
 
-def status(spool: Path | None, as_json: bool) -> None:
+def status(spool: Path | None, as_json: bool, exact: bool = False) -> None:
     """``spool status``: the overview every status view is drawn from."""
     from .. import overview
 
     tree, cfg = open_spool(spool, as_json)
-    ov = overview.overview(tree, cfg)
+    ov = overview.overview(tree, cfg, exact=exact)
     if as_json:
         print_json(ov)
         return
@@ -197,6 +197,14 @@ def _click_accepts(value: str) -> bool:
     return os.access(value, os.R_OK)
 
 
+def _encodable(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def parse(argv: list[str]) -> Callable[[], None] | None:
     """The fast command ``argv`` asks for, ready to run, or ``None`` to let typer
     handle it (help, usage errors, human output that rich lays out)."""
@@ -214,13 +222,15 @@ def parse(argv: list[str]) -> Callable[[], None] | None:
         return None
     command, rest = argv[i], argv[i + 1 :]
     args: list[str] = []
-    as_json = False
+    as_json = exact = False
     spool: str | None = None
     j = 0
     while j < len(rest):
         arg = rest[j]
         if arg == "--json":
             as_json = True
+        elif arg == "--exact" and command == "status":
+            exact = True
         elif arg == "--spool" and j + 1 < len(rest) and spool is None:
             spool = rest[j + 1]
             j += 1
@@ -234,15 +244,15 @@ def parse(argv: list[str]) -> Callable[[], None] | None:
     for value in (spool_before, spool):
         if value is not None and not _click_accepts(value):
             return None
-    if any("\x00" in a for a in args):
+    if any("\x00" in a or not _encodable(a) for a in args):
         return None
     before_command["spool"] = Path(spool_before) if spool_before is not None else None
     where = Path(spool) if spool is not None else None
     if command == "status" and not args:
-        return partial(status, where, as_json)
+        return partial(status, where, as_json, exact)
     if command == "ls" and len(args) <= 1:
         return partial(ls, args[0] if args else None, where, as_json)
-    if command == "show" and len(args) == 1:
+    if command == "show" and len(args) == 1 and "@" in args[0]:  # an asset name: the library
         return partial(show, args[0], where, as_json)
     if command == "submit" and args and all(_click_accepts(a) for a in args):
         return partial(submit, [Path(a) for a in args], where, as_json)

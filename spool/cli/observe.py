@@ -23,9 +23,20 @@ from .common import JsonOpt, SpoolOpt, app, fail, open_spool, open_tree, print_j
 
 
 @app.command("status")
-def status_cmd(spool: SpoolOpt = None, as_json: JsonOpt = False) -> None:
+def status_cmd(
+    spool: SpoolOpt = None,
+    as_json: JsonOpt = False,
+    exact: Annotated[
+        bool,
+        typer.Option(
+            "--exact",
+            help="Stat every pending job for the oldest pending age (one network round trip "
+            "each on a NAS); without it, a big queue's age comes from live workers or a sample.",
+        ),
+    ] = False,
+) -> None:
     """What is waiting, what is running, what needs attention, and the workers."""
-    fast.status(spool, as_json)
+    fast.status(spool, as_json, exact=exact)
 
 
 @app.command()
@@ -64,11 +75,19 @@ def ls_cmd(
 
 @app.command()
 def show(
-    job: Annotated[str, typer.Argument(help="Job ID (name@revision).")],
+    job: Annotated[str, typer.Argument(help="Job ID (name@revision), or an asset name for its versions.")],
     spool: SpoolOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """One job: its timeline, attempts, failure, manifest and approvals."""
+    if "@" not in job:  # an asset name: its versions (the library, SPEC 9)
+        from .library import show_asset
+
+        try:
+            tree = open_tree(spool)
+        except SpoolError as exc:
+            raise fail(exc, as_json) from None
+        return show_asset(tree, job, as_json)
     fast.show(job, spool, as_json)
 
 

@@ -101,8 +101,24 @@ def status_view(ov: dict[str, Any]) -> Group:
         counts.append(f"{state} {n:,}", style=STATE_STYLE.get(state, "") if n else "dim")
         if n and ages.get(state) is not None:
             word = "oldest" if state != "running" else "longest"
+            if state == "pending" and ov.get("oldest_pending_age_source") == "sample":
+                word = (
+                    f"oldest >= {human_seconds(ages[state])} by a sample of {ov['oldest_pending_stated']}; "
+                )
+                counts.append(f" ({word}--exact for all)", style="dim")
+                continue
             counts.append(f" ({word} {human_seconds(ages[state])})", style="dim")
+        elif n and state == "pending" and ov.get("oldest_pending_age_source") == "unknown":
+            counts.append(" (age unknown: no live worker; --exact to stat all)", style="dim")
     parts.append(counts)
+    if lib := ov.get("library"):  # the asset library (SPEC 9)
+        parts.append(
+            Text(
+                f"  library: {lib['assets']:,} assets, {lib['enriched_objects']:,} enriched, "
+                f"~{lib['enrichment_backlog']:,} awaiting enrichment",
+                style="dim",
+            )
+        )
 
     if ov["running"]:
         parts.append(Text("\nRunning", style="bold"))

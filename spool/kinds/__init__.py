@@ -13,22 +13,24 @@ import msgspec
 
 from ..errors import InvalidInput
 from ..model import JobBase
-from . import noop, render
+from . import generate, noop, render
 from .base import RENDER_POOL, Kind, Produced
+from .generate import GenerateJob
 from .noop import NoopJob
 from .render import RenderJob
 
 #: Every kind spool runs, by the name submissions use as ``"operation"``.
-KINDS: dict[str, Kind[Any]] = {k.name: k for k in (render.KIND, noop.KIND)}
+KINDS: dict[str, Kind[Any]] = {k.name: k for k in (render.KIND, noop.KIND, generate.KIND)}
 
 #: A job file of any kind: a tagged union on ``"operation"``.
-Job = RenderJob | NoopJob
+Job = RenderJob | NoopJob | GenerateJob
 
 _decoder = msgspec.json.Decoder(Job)
 
 __all__ = [
     "KINDS",
     "RENDER_POOL",
+    "GenerateJob",
     "Job",
     "Kind",
     "NoopJob",

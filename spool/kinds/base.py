@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import abc
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
@@ -67,6 +68,9 @@ class Kind(abc.ABC, Generic[J]):
     job_type: type[J]
     #: Whether poster frames of its outputs make sense (not for a text file).
     poster_frames: ClassVar[bool] = True
+    #: Whether the daemon drives its attempts step by step (a generation waiting on a
+    #: provider) instead of giving each one a slot thread that calls :meth:`produce`.
+    driven: ClassVar[bool] = False
 
     def pool(self, data: bytes) -> str:
         """The resource pool an attempt of a job of this kind draws from.
@@ -98,6 +102,16 @@ class Kind(abc.ABC, Generic[J]):
     @abc.abstractmethod
     def check(self, cfg: Config, job: J, candidate: Path, log: Path) -> ValidationReport:
         """The validation gate for this kind's output; ``log`` takes the details."""
+
+    def stages(self, ctx: Context, job: J, attempt: Attempt, candidate: Path) -> Callable[[str], None] | None:
+        """The publish path's ``on_stage`` for this kind (``None``: it keeps no states of its own)."""
+        return None
+
+    def resume(self, ctx: Context, job: J, attempt_dir: Path) -> bool:
+        """Recovery asks first: ``True`` when the kind took over the attempt in flight
+        itself (a generation keeps polling its provider job); ``False`` leaves the
+        decision to the evidence (manifest, records, candidate)."""
+        return False
 
     def candidate(self, job: J, attempt_dir: Path) -> Path:
         """Where an attempt leaves its candidate (recovery looks there)."""

@@ -125,6 +125,44 @@
       : empty("No worker has started on this spool yet."));
   }
 
+  // -- the library (SPEC 9): a search box and the current versions it finds ----------------
+
+  const SHA = /^[0-9a-f]{64}$/;
+
+  function terms(text) {
+    // Whitespace separates terms; double quotes keep spaces inside one (campaign="Summer sale").
+    return (text.match(/(?:[^\s"]+|"[^"]*")+/g) || []).map((t) => t.replace(/"/g, ""));
+  }
+
+  function drawLibrary(d) {
+    const partial = Object.entries(d.partial || {}).map(([f, n]) => `${n} could not be judged on ${f}`);
+    $("lib-note").textContent = `${d.results.length} result(s)` + (partial.length ? "; partial: " + partial.join(", ") : "");
+    $("lib-grid").replaceChildren(...(d.results.length
+      ? d.results.map((r) => h("div", { class: "card asset" }, thumb(r.thumbnail, r.job),
+          h("div", { class: "body" }, jobLink(r.job), " ",
+            h("span", { class: "dim" }, [r.resolution, r.duration === null ? null : r.duration.toFixed(1) + " s"].filter(Boolean).join(", ")),
+            h("ul", { class: "tags" }, Object.entries(r.tags).map(([k, v]) => h("li", {}, k + " = " + v))),
+            SHA.test(r.sha256) ? h("a", { href: "/download/" + r.sha256, download: r.file, class: "download" }, "download") : null)))
+      : [empty("No asset matches.")]));
+  }
+
+  async function searchLibrary() {
+    const q = terms($("lib-q").value).map((t) => "t=" + encodeURIComponent(t)).join("&");
+    try {
+      const r = await fetch("/api/library" + (q ? "?" + q : ""), { cache: "no-store", headers: { Accept: "application/json" } });
+      const d = await r.json();
+      if (!r.ok) {
+        $("lib-note").textContent = d.error || "HTTP " + r.status;
+        $("lib-grid").replaceChildren();
+      } else {
+        drawLibrary(d);
+      }
+      document.body.dataset.librarySearches = String(Number(document.body.dataset.librarySearches || 0) + 1);
+    } catch (e) {
+      $("lib-note").textContent = "cannot reach the spool server (" + e.message + ")";
+    }
+  }
+
   // -- one job -------------------------------------------------------------------------------
 
   function facts(pairs) {
@@ -246,6 +284,11 @@
       inflight = false;
     }
     timer = setTimeout(poll, delay);
+  }
+
+  if (!jobId) {
+    $("lib-form").addEventListener("submit", (ev) => { ev.preventDefault(); searchLibrary(); });
+    searchLibrary();
   }
 
   document.addEventListener("visibilitychange", () => {

@@ -1,0 +1,206 @@
+"""The asset library's commands: search, get, enrich, index (SPEC section 9)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from .. import enrich, index, library
+from ..errors import InvalidInput, NotFound, SpoolError
+from ..index import NAME_RE
+from ..model import JOB_ID_RE, Manifest
+from ..records import read
+from ..tree import Tree
+from .common import JsonOpt, SpoolOpt, app, fail, human_seconds, open_spool, print_json
+
+
+@app.command("search")
+def search_cmd(
+    terms: Annotated[
+        list[str] | None,
+        typer.Argument(help="TAG=VALUE and enrichment comparisons (loudness<-20, scenes>=3); ANDed."),
+    ] = None,
+    all_versions: Annotated[bool, typer.Option("--all-versions", help="Every complete revision.")] = False,
+    visibility: Annotated[
+        list[str] | None,
+        typer.Option("--visibility", help="Also list this visibility (repeatable); see [library] visible."),
+    ] = None,
+    do_enrich: Annotated[
+        bool, typer.Option("--enrich", help="Compute missing enrichment of the matches first.")
+    ] = False,
+    limit: Annotated[int | None, typer.Option(min=1, help="At most this many results.")] = None,
+    spool: SpoolOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Find current asset versions by tags and enrichment; every hit's store file exists."""
+    tree, cfg = open_spool(spool, as_json)
+    try:
+        query = library.parse_terms(terms or [], enrich.plugins())
+        if do_enrich and query.comparisons:
+            tag_only = library.Query(query.tags, [])
+            base = library.search(tree, cfg, tag_only, all_versions=all_versions, visibility=visibility or ())
+            fields = {enrich.enricher_of(c.field, enrich.plugins()) for c in query.comparisons}
+            for hit in base.results:
+                enrich.enrich_object(
+                    tree, cfg, hit.sha256, tree.root / hit.path, sorted(f for f in fields if f)
+                )
+        result = library.search(
+            tree, cfg, query, all_versions=all_versions, visibility=visibility or (), limit=limit
+        )
+    except SpoolError as exc:
+        raise fail(exc, as_json) from None
+    if as_json:
+        print_json(result)
+        return
+    for h in result.results:
+        tags = " ".join(f"{k}={v}" for k, v in sorted(h.tags.items()))
+        dur = f"{h.duration:.2f}s" if h.duration is not None else "-"
+        typer.echo(f"{h.job}\t{h.sha256[:12]}\t{h.resolution or '-'}\t{dur}\t{h.path}\t{tags}")
+    for f, n in sorted(result.partial.items()):
+        typer.echo(
+            f"partial: {n} matching asset(s) could not be judged on {f} (spool enrich, or --enrich)", err=True
+        )
+
+
+@app.command("get")
+def get_cmd(
+    ref: Annotated[
+        str, typer.Argument(help="name@revision, an asset name (its current version), or a sha256.")
+    ],
+    to: Annotated[
+        Path | None, typer.Option("--to", help="Copy (verified) into this folder and print the new path.")
+    ] = None,
+    link: Annotated[
+        bool,
+        typer.Option("--link", help="With --to: hard-link instead of copying (shares the store's file)."),
+    ] = False,
+    spool: SpoolOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Print the path of a verified published file, or put a verified copy into --to."""
+    tree, _cfg = open_spool(spool, as_json)
+    try:
+        got = library.resolve(tree, ref)
+        path = library.copy_to(got, to, link=link) if to is not None else got.path
+    except SpoolError as exc:
+        raise fail(exc, as_json) from None
+    except OSError as exc:
+        raise fail(SpoolError(f"{ref}: {exc.strerror or exc}"), as_json) from None
+    if as_json:
+        print_json({"job": got.job, "sha256": got.sha256, "path": str(path)})
+        return
+    typer.echo(str(path))
+
+
+@app.command("enrich")
+def enrich_cmd(
+    jobs: Annotated[
+        list[str] | None, typer.Argument(help="Jobs or asset names (default: every current version).")
+    ] = None,
+    fields: Annotated[
+        list[str] | None,
+        typer.Option("--field", help="Only this enricher (repeatable): " + ", ".join(enrich.BUILTIN)),
+    ] = None,
+    force: Annotated[bool, typer.Option(help="Recompute what is already known.")] = False,
+    spool: SpoolOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Compute enrichment (facts, scene cuts, loudness, black and silence, plug-ins) now."""
+    tree, cfg = open_spool(spool, as_json)
+    try:
+        known = [*enrich.BUILTIN, *enrich.plugins()]
+        for f in fields or []:
+            if f not in known:
+                raise InvalidInput("--field", f"unknown enricher {f!r} (known: {', '.join(known)})")
+        targets = _targets(tree, cfg, jobs or [])
+        out: list[dict[str, Any]] = []
+        for jid, got in targets:
+            rec = enrich.enrich_object(tree, cfg, got.sha256, got.path, fields or None, force=force)
+            out.append({"job": jid, "sha256": got.sha256, "done": sorted(rec.done), "notes": rec.notes})
+    except SpoolError as exc:
+        raise fail(exc, as_json) from None
+    if as_json:
+        print_json({"enriched": out})
+        return
+    for row in out:
+        notes = "; ".join(f"{k}: {v}" for k, v in sorted(row["notes"].items()))
+        typer.echo(
+            f"{row['job']}\t{row['sha256'][:12]}\t{','.join(row['done'])}" + (f"\t({notes})" if notes else "")
+        )
+
+
+def _targets(tree: Tree, cfg: Any, refs: list[str]) -> list[tuple[str, library.Got]]:
+    if refs:
+        out = []
+        for ref in refs:
+            if not (JOB_ID_RE.match(ref) or NAME_RE.match(ref)):
+                raise InvalidInput(ref, "is not a job ID (name@revision) or an asset name")
+            got = library.resolve(tree, ref)
+            out.append((got.job or ref, got))
+        return out
+    res = library.search(tree, cfg, library.Query(), visibility=_every_visibility(tree))
+    return [(h.job, library.Got(h.job, h.sha256, tree.root / h.path, h.file)) for h in res.results]
+
+
+def _every_visibility(tree: Tree) -> list[str]:
+    """Enrichment is not discovery: it covers every visibility there is."""
+    return [v for v in (index.decode_value(n) for n in _listdir(index.index_root(tree) / "visibility")) if v]
+
+
+def _listdir(p: Path) -> list[str]:
+    try:
+        return [e.name for e in p.iterdir()]
+    except OSError:
+        return []
+
+
+@app.command("index")
+def index_cmd(
+    rebuild: Annotated[
+        bool, typer.Option("--rebuild", help="Recreate the index from the manifests alone.")
+    ] = False,
+    spool: SpoolOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Check the library index against the manifests (--rebuild repairs it)."""
+    tree, cfg = open_spool(spool, as_json)
+    findings = index.check(tree, cfg.acceptance.required_tags, repair=rebuild)
+    tags, versions = index.size(tree)
+    delays = sorted(index.delays(tree))
+    delay = {"median": delays[len(delays) // 2], "max": delays[-1]} if delays else None
+    if as_json:
+        print_json(
+            {
+                "findings": [f.__dict__ for f in findings],
+                "tag_entries": tags,
+                "versions": versions,
+                "index_delay_seconds": delay,
+                "rebuilt": rebuild,
+            }
+        )
+    else:
+        for f in findings:
+            typer.echo(f"{'repaired' if f.repaired else 'found'}\t{f.path}: {f.problem}")
+        typer.echo(f"index: {tags} tag entries, {versions} versions")
+        if delay:
+            typer.echo(f"stored -> indexed: median {delay['median']:.4f} s, max {delay['max']:.4f} s")
+    if any(not f.repaired for f in findings):
+        raise typer.Exit(1)
+
+
+def show_asset(tree: Tree, name: str, as_json: bool) -> None:
+    """``spool show NAME``: the versions of an asset and which one is current."""
+    vs = library.versions(tree, name)
+    if not vs:
+        raise fail(NotFound(f"no asset or job {name} in {tree.root}"), as_json)
+    if as_json:
+        cur = next((v.job for v in vs if v.current), None)
+        print_json({"name": name, "current": cur, "versions": vs})
+        return
+    for v in vs:
+        m = read(tree.manifest_file(v.job), Manifest)
+        when = human_seconds(0) if m is None else m.published_at.isoformat(timespec="seconds")
+        mark = "* current" if v.current else ""
+        typer.echo(f"{v.job}\t{v.state}\t{(v.sha256 or '-')[:12]}\t{when if m else '-'}\t{mark}".rstrip())

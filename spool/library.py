@@ -1,0 +1,507 @@
+"""The asset library: versions, search and get over the index (SPEC section 9).
+
+A job ``name`` is an asset and each revision a version. The *current*
+version is the highest revision that is indexed and whose job is in
+``complete/``: decided from names on disk at read time, with no pointer to
+update, so it never goes backwards and an older revision that completes late
+never becomes current.
+
+Search terms (``spool search``):
+
+* ``TAG=VALUE``: the asset's tag equals VALUE exactly (at least one tag term
+  must name an indexed tag, ``[acceptance] required_tags``, unless the query
+  has no tag terms at all, which lists every asset);
+* ``FIELD<N``, ``FIELD<=N``, ``FIELD>N``, ``FIELD>=N``, ``FIELD=N``,
+  ``FIELD!=N`` for an enrichment field (:data:`spool.enrich.FIELDS`, or a
+  plug-in's ``name.key``): numeric comparison (``=``/``!=`` also compare
+  text for plug-in values). A term is split at its first ``<``, ``>``, ``!``
+  or ``=``; enrichment field names win over tag names.
+
+All terms are ANDed. Hits are checked before they are returned: the job is
+complete, its manifest has exactly the queried tags, its visibility is
+allowed, and its store file exists with the manifest's size. An asset whose
+enrichment cannot judge a comparison is counted in ``partial`` by field,
+never silently dropped.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from . import enrich, index, store, thumbs
+from .config import Config
+from .errors import InvalidInput, NotFound, NotReady, SpoolError
+from .index import NAME_RE, split_job_id
+from .model import JOB_ID_RE, Manifest
+from .records import read
+from .status import locate, running_workers
+from .tree import Tree, fsync_dir, temp_name
+
+_TERM = re.compile(r"^(?P<field>[a-z][a-z0-9_.-]{0,63})(?P<op><=|>=|!=|<|>|=)(?P<value>.*)$", re.S)
+_SHA = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    field: str
+    op: str
+    value: float | str
+
+    def test(self, actual: Any) -> bool:
+        if isinstance(self.value, str) or isinstance(actual, str):
+            a, b = str(actual), str(self.value)
+            return a == b if self.op == "=" else a != b if self.op == "!=" else False
+        x, y = float(actual), self.value
+        return {
+            "<": x < y,
+            "<=": x <= y,
+            ">": x > y,
+            ">=": x >= y,
+            "=": x == y,
+            "!=": x != y,
+        }[self.op]
+
+
+@dataclass(frozen=True)
+class Query:
+    tags: dict[str, str] = field(default_factory=dict)
+    comparisons: list[Comparison] = field(default_factory=list)
+
+
+def parse_terms(terms: Iterable[str], plugin_names: Iterable[str] = ()) -> Query:
+    """Pure: search terms -> a query; a bad term raises :class:`InvalidInput` naming it."""
+    plugin_names = list(plugin_names)
+    tags: dict[str, str] = {}
+    comps: list[Comparison] = []
+    for term in terms:
+        m = _TERM.match(term)
+        if m is None:
+            raise InvalidInput(
+                term, "is not a search term (TAG=VALUE, or FIELD<N with one of < <= > >= = != )"
+            )
+        fld, op, raw = m.group("field"), m.group("op"), m.group("value")
+        if enrich.enricher_of(fld, plugin_names) is not None:
+            num: float | str
+            try:
+                num = float(raw)
+            except ValueError:
+                if op in ("=", "!=") and fld not in enrich.FIELDS:
+                    num = raw
+                else:
+                    raise InvalidInput(term, f"{fld} compares with a number, not {raw!r}") from None
+            comps.append(Comparison(fld, op, num))
+        elif op == "=":
+            if not raw:
+                raise InvalidInput(term, f"tag {fld} needs a value")
+            if fld in tags and tags[fld] != raw:
+                raise InvalidInput(term, f"tag {fld} is asked for twice with different values")
+            tags[fld] = raw
+        else:
+            raise InvalidInput(term, f"{fld} is not an enrichment field, and tags only compare with =")
+    return Query(tags, comps)
+
+
+class Hit(msgspec.Struct, kw_only=True):
+    """One search result: a complete, verified-present version of an asset."""
+
+    job: str
+    name: str
+    revision: int
+    current: bool
+    sha256: str
+    path: str  # the store file, relative to the spool root
+    size: int
+    file: str  # the output's own file name
+    tags: dict[str, str]
+    duration: float | None
+    resolution: str | None
+    thumbnail: str | None  # relative to the spool root, if one exists
+    enrichment: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class Result(msgspec.Struct, kw_only=True):
+    results: list[Hit]
+    #: field -> count of matching assets the enrichment could not judge
+    partial: dict[str, int]
+
+
+def current_revision(tree: Tree, name: str) -> int | None:
+    """The highest indexed revision of ``name`` whose job is complete."""
+    complete = f"{tree.root}/complete/{name}@"  # str paths: this runs once per hit
+    for rev in reversed(index.revisions(tree, name)):
+        if os.path.exists(f"{complete}{rev}.json"):
+            return rev
+    return None
+
+
+def _hit(tree: Tree, m: Manifest, current: bool, rec: enrich.Enrichment | None) -> Hit:
+    name, rev = split_job_id(m.job_id)
+    checks = {c.name: c.actual for c in m.validation.checks}
+    duration = rec.facts.duration if rec and rec.facts else _num(checks.get("duration"))
+    w, h = (
+        (rec.facts.width, rec.facts.height)
+        if rec and rec.facts
+        else (checks.get("width"), checks.get("height"))
+    )
+    values = {}
+    if rec is not None:
+        for f in enrich.FIELDS:
+            v = enrich.value(rec, f)
+            if v is not enrich.UNJUDGED:
+                values[f] = v
+    return Hit(
+        job=m.job_id,
+        name=name,
+        revision=rev,
+        current=current,
+        sha256=m.output.sha256,
+        path=m.output.store_path,
+        size=m.output.size,
+        file=m.output.file,
+        tags=m.tags,
+        duration=duration,
+        resolution=f"{w}x{h}" if w and h else None,
+        thumbnail=_thumbnail(tree, m.output.sha256),
+        enrichment=values,
+    )
+
+
+# The per-candidate reads of search use str paths and plain opens: at 100 hits,
+# pathlib's object overhead was a quarter of a search's CPU time.
+_MANIFEST = msgspec.json.Decoder(Manifest)
+_ENRICHMENT = msgspec.json.Decoder(enrich.Enrichment)
+
+
+def _manifest(tree: Tree, jid: str) -> Manifest | None:
+    path = f"{tree.root}/manifests/{jid}.json"
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        return _MANIFEST.decode(data)
+    except FileNotFoundError:
+        return None
+    except (OSError, msgspec.DecodeError):
+        return read(Path(path), Manifest)  # the careful reader: NAS retries, short reads
+
+
+def _enrichment(tree: Tree, digest: str) -> enrich.Enrichment | None:
+    if not _SHA.match(digest):  # a damaged manifest never steers a path
+        return None
+    try:
+        with open(f"{tree.root}/{enrich.FOLDER}/{digest}.json", "rb") as f:
+            return _ENRICHMENT.decode(f.read())
+    except (OSError, msgspec.DecodeError):
+        return None
+
+
+def _thumbnail(tree: Tree, digest: str) -> str | None:
+    if not _SHA.match(digest):
+        return None
+    rel = f"{thumbs.FOLDER}/{digest}.jpg"
+    return rel if os.path.isfile(f"{tree.root}/{rel}") else None
+
+
+def _num(x: Any) -> float | None:
+    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
+
+
+def _present(tree: Tree, m: Manifest) -> bool:
+    """The store file is there with the manifest's size (cheap; get re-hashes)."""
+    try:
+        return os.stat(f"{tree.root}/{m.output.store_path}").st_size == m.output.size
+    except OSError:
+        return False
+
+
+def allowed_visibility(cfg: Config, widen: Iterable[str] = ()) -> set[str]:
+    return set(cfg.library.visible) | set(widen)
+
+
+def search(
+    tree: Tree,
+    cfg: Config,
+    query: Query,
+    *,
+    all_versions: bool = False,
+    visibility: Iterable[str] = (),
+    limit: int | None = None,
+) -> Result:
+    """Every asset version the query matches (current ones unless ``all_versions``)."""
+    required = cfg.acceptance.required_tags
+    indexed = [(t, v) for t, v in query.tags.items() if t in required]
+    if query.tags and not indexed:
+        raise InvalidInput(
+            next(iter(query.tags)), f"is not an indexed tag; search needs one of: {', '.join(required)}"
+        )
+    allowed = allowed_visibility(cfg, visibility)
+    candidates: Iterable[str]
+    if indexed:
+        candidates = sorted(_intersect(tree, indexed), key=_order)
+    else:  # every asset, lazily: a page asking for 60 reads about 60 names' versions
+        candidates = (f"{n}@{r}" for n in index.names(tree) for r in index.revisions(tree, n))
+    currents: dict[str, int | None] = {}
+    hits: list[Hit] = []
+    partial: dict[str, int] = {}
+    for jid in candidates:
+        if not JOB_ID_RE.match(jid):
+            continue
+        name, rev = split_job_id(jid)
+        if name not in currents:
+            currents[name] = current_revision(tree, name)
+        is_current = currents[name] == rev
+        if not is_current and not (all_versions and tree.job_file("complete", jid).exists()):
+            continue
+        m = _manifest(tree, jid)
+        if m is None or any(m.tags.get(t) != v for t, v in query.tags.items()):
+            continue
+        if m.tags.get("visibility") not in allowed:
+            continue  # fails closed: no visibility tag is not an allowed one
+        if not _present(tree, m):
+            continue  # never print a hit whose object is missing (fsck reports it)
+        rec = _enrichment(tree, m.output.sha256)
+        unjudged = [c.field for c in query.comparisons if enrich.value(rec, c.field) is enrich.UNJUDGED]
+        if unjudged:
+            for f in unjudged:
+                partial[f] = partial.get(f, 0) + 1
+            continue
+        if not all(c.test(enrich.value(rec, c.field)) for c in query.comparisons):
+            continue
+        hits.append(_hit(tree, m, is_current, rec))
+        if limit is not None and len(hits) >= limit:
+            break
+    return Result(results=hits, partial=partial)
+
+
+def _intersect(tree: Tree, indexed: list[tuple[str, str]]) -> set[str]:
+    """Names in every ``index/<tag>/<value>/`` asked for.
+
+    The smallest folder (by its size, a cheap proxy for its entry count) is
+    listed; a folder at least four times larger is probed per name with a
+    stat instead of being listed (measured: 1,000 stats cost about half of
+    listing 10,000 names), a comparable one is listed and intersected.
+    """
+    dirs = []
+    for t, v in indexed:
+        d = str(index.tag_dir(tree, t, v))
+        try:
+            dirs.append((os.stat(d).st_size, d))
+        except (FileNotFoundError, NotADirectoryError):
+            return set()  # a value nobody has
+    dirs.sort()
+    small_size, small = dirs[0]
+    found = set(os.listdir(small))
+    for size, d in dirs[1:]:
+        if size >= 4 * small_size:
+            found = {j for j in found if os.path.exists(f"{d}/{j}")}
+        else:
+            found &= set(os.listdir(d))
+    return found
+
+
+def _order(jid: str) -> tuple[str, int]:
+    name, _, rev = jid.partition("@")
+    return name, int(rev) if rev.isdigit() else 0
+
+
+# -- versions --------------------------------------------------------------------
+
+
+class Version(msgspec.Struct, kw_only=True):
+    job: str
+    revision: int
+    state: str
+    indexed: bool
+    current: bool
+    sha256: str | None = None
+
+
+def _jobs_of_name(tree: Tree, name: str) -> set[int]:
+    revs: set[int] = set()
+    folders = [tree.pending, tree.held, tree.complete, tree.failed]
+    folders += [tree.running_dir(w) for w in running_workers(tree)]
+    for d in folders:
+        for p in d.glob(f"{name}@*.json"):
+            m = JOB_ID_RE.match(p.name[:-5])
+            if m and m.group("name") == name:
+                revs.add(int(m.group("rev")))
+    return revs | set(index.revisions(tree, name))
+
+
+def versions(tree: Tree, name: str) -> list[Version]:
+    """Every revision of an asset with its state; empty if the name is unknown."""
+    cur = current_revision(tree, name)
+    out = []
+    for rev in sorted(_jobs_of_name(tree, name)):
+        jid = f"{name}@{rev}"
+        loc = locate(tree, jid)
+        entry = index.read_version(tree, name, rev)
+        out.append(
+            Version(
+                job=jid,
+                revision=rev,
+                state=loc.state if loc else "unknown",
+                indexed=entry is not None,
+                current=rev == cur,
+                sha256=entry.sha256 if entry else None,
+            )
+        )
+    return out
+
+
+# -- get -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Got:
+    job: str | None  # None when asked by sha256 with no manifest at hand
+    sha256: str
+    path: Path  # the verified store file
+    file: str  # the name to give a copy
+
+
+def _by_job(tree: Tree, jid: str) -> Got:
+    loc = locate(tree, jid)
+    if loc is None:
+        raise NotFound(f"no job {jid}")
+    if loc.state in ("pending", "held", "running"):
+        raise NotReady(f"{jid} is not ready: it is {loc.state}")
+    if loc.state == "failed":
+        raise SpoolError(f"{jid} failed and has no output (spool show {jid})")
+    if not index.is_indexed(tree, jid):
+        raise NotReady(f"{jid} is not ready: complete but not yet indexed (spool fsck indexes it)")
+    m = read(tree.manifest_file(jid), Manifest)
+    if m is None:
+        raise SpoolError(f"{jid} is complete but its manifest is unreadable (run spool fsck)")
+    why = store.verify(tree, m)
+    if why is not None:
+        raise SpoolError(f"{jid}'s output does not verify: {why} (run spool fsck)")
+    return Got(jid, m.output.sha256, tree.root / m.output.store_path, m.output.file)
+
+
+def _by_sha(tree: Tree, digest: str) -> Got | None:
+    folder = tree.store / "sha256" / digest[:2]
+    try:
+        found = sorted(n for n in os.listdir(folder) if n.startswith(digest) and not n.startswith("."))
+    except FileNotFoundError:
+        return None
+    if not found:
+        return None
+    path = folder / found[0]
+    actual, _ = store.sha256_file(path)
+    if actual != digest:
+        raise SpoolError(f"store object {digest} does not hash to its name (run spool fsck)")
+    return Got(None, digest, path, found[0])
+
+
+def resolve(tree: Tree, ref: str) -> Got:
+    """The verified file of a job (``name@rev``), of a name's current version, or of
+    a sha256. Raises NotReady (exit 3), NotFound (exit 4), InvalidInput (exit 2)."""
+    if JOB_ID_RE.match(ref):
+        return _by_job(tree, ref)
+    if _SHA.match(ref):
+        got = _by_sha(tree, ref)
+        if got is not None:
+            return got
+    if NAME_RE.match(ref):
+        cur = current_revision(tree, ref)
+        if cur is not None:
+            return _by_job(tree, f"{ref}@{cur}")
+        waiting = [v for v in versions(tree, ref) if v.state in ("pending", "held", "running", "complete")]
+        if waiting:
+            states = ", ".join(f"{v.job} {v.state}" for v in waiting)
+            raise NotReady(f"{ref} is not ready: no published version yet ({states})")
+        raise NotFound(f"no asset, job or object {ref}")
+    raise InvalidInput(ref, "is not a job ID (name@revision), an asset name or a sha256")
+
+
+def copy_to(got: Got, dest_dir: Path, *, link: bool = False) -> Path:
+    """Put the file into ``dest_dir`` (hard link with ``link``, else a copy) and verify
+    the sha256 of what was written. An existing different file is never replaced."""
+    if not dest_dir.is_dir():
+        raise InvalidInput("--to", f"{dest_dir} is not a folder")
+    dest = dest_dir / got.file
+    if dest.exists():
+        if store.sha256_file(dest)[0] == got.sha256:
+            return dest
+        raise SpoolError(f"{dest} exists with other content; remove it or choose another --to")
+    tmp = dest_dir / temp_name(got.file)
+    try:
+        linked = False
+        if link:
+            try:
+                os.link(got.path, tmp)
+                linked = True
+            except OSError as exc:
+                if exc.errno not in store.NO_LINKS:
+                    raise
+        if not linked:
+            with open(got.path, "rb") as fin, open(tmp, "xb") as fout:
+                while chunk := fin.read(1 << 20):
+                    fout.write(chunk)
+                fout.flush()
+                os.fsync(fout.fileno())
+        digest, _ = store.sha256_file(tmp)
+        if digest != got.sha256:
+            raise SpoolError(f"the copy in {dest_dir} does not match sha256 {got.sha256}")
+        try:
+            os.link(tmp, dest)
+        except FileExistsError:
+            raise SpoolError(f"{dest} appeared while copying; remove it or choose another --to") from None
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+                raise
+            os.rename(tmp, dest)
+    finally:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+    fsync_dir(dest_dir)
+    return dest
+
+
+# -- observability -------------------------------------------------------------------
+
+
+def stats(tree: Tree) -> dict[str, Any]:
+    """Cheap library figures for ``spool status`` (two directory listings).
+
+    ``enrichment_backlog`` is the assets without an enrichment record, estimated
+    as assets minus records (equal outputs share a record; older versions may
+    have one): exact counts need a scan, which ``spool enrich`` does anyway.
+    """
+    assets = len(index.names(tree))
+    records = len(enrich.enriched_digests(tree))
+    return {"assets": assets, "enriched_objects": records, "enrichment_backlog": max(0, assets - records)}
+
+
+def families(tree: Tree, worker: str) -> list[Any]:
+    """Metrics gauges: index size, enrichment backlog, stored -> indexed delay."""
+    from statistics import median
+
+    from .metrics import Family
+
+    st = stats(tree)
+    size = Family("spool_library_assets", "gauge", "Assets (names) with at least one indexed version.")
+    size.add(st["assets"], worker=worker)
+    backlog = Family(
+        "spool_library_enrichment_backlog", "gauge", "Assets without an enrichment record (estimate)."
+    )
+    backlog.add(st["enrichment_backlog"], worker=worker)
+    delay = Family(
+        "spool_library_index_delay_seconds",
+        "gauge",
+        "Stored -> indexed delay of the jobs this worker published last (median and max of up to 100).",
+    )
+    recent = list(index.RECENT_DELAYS)
+    delay.add(round(median(recent), 6) if recent else 0.0, worker=worker, stat="median")
+    delay.add(round(max(recent), 6) if recent else 0.0, worker=worker, stat="max")
+    return [size, backlog, delay]

@@ -1,0 +1,442 @@
+"""Generation jobs end to end: real HTTP to tools/provsim.py, real daemons, real FFmpeg.
+
+The simulator counts every create request it receives, so "submit once" is
+checked where it matters: at the provider. Each test states the simulator's
+faults in the prompt (``#fault=<name>``) and asserts the job's end state, its
+attempt's durable generation states, and what the provider saw.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import TAGS, minimal, run_cli, state_files, wait_for, write_json
+from provsim import ProviderSim
+
+from spool import accept, claim, config, generation, pools, settings
+from spool.context import Context
+from spool.errors import InvalidInput
+from spool.events import Journal
+from spool.execute import execute
+from spool.faults import OTHER_POINTS
+from spool.kinds import KINDS, GenerateJob, decode_job
+from spool.model import Failure, Manifest
+from spool.records import read
+from spool.tree import Tree
+
+TOKEN = "r8_GenTestToken_5f2d9c0a7e11b3c4"
+ENV_NAME = "SPOOL_TEST_GEN_TOKEN"
+ENV = {ENV_NAME: TOKEN}
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[ProviderSim]:
+    with ProviderSim(token=TOKEN, work=0.3) as s:
+        yield s
+
+
+def provider_table(sim: ProviderSim, name: str = "sim", **over: Any) -> str:
+    extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in over.items())
+    return f"""
+[providers.{name}]
+kind = "replicate"
+base_url = "{sim.url}"
+token_env = "{ENV_NAME}"
+request_timeout = 2.0
+in_flight = 4
+deadline = 30
+{extra}
+[providers.{name}.polling]
+first = 0.1
+base = 0.1
+ceiling = 0.3
+floor = 0.05
+"""
+
+
+@pytest.fixture()
+def gtree(tree: Tree, sim: ProviderSim) -> Tree:
+    """A spool with the simulator configured as provider ``sim``."""
+    with open(tree.config_file, "a") as f:
+        f.write(provider_table(sim))
+    return tree
+
+
+def gen_sub(name: str = "gen-clip", prompt: str = "a mug on a beach", **over: Any) -> dict[str, Any]:
+    sub: dict[str, Any] = {
+        "name": name,
+        "operation": "generate",
+        "generate": {"provider": "sim", "model": "acme/video-1", "input": {"prompt": prompt}},
+        "output": {"expect": {"width": 320, "height": 180}},
+        "tags": dict(TAGS),
+    }
+    sub.update(over)
+    return sub
+
+
+def submit(tree: Tree, sub: dict[str, Any]) -> str:
+    cfg = config.load(tree.config_file)
+    job = accept.accept_bytes(tree, cfg, json.dumps(sub).encode(), "test")
+    return job.job_id
+
+
+def creates(sim: ProviderSim, prompt: str) -> int:
+    """Jobs the simulator made for this prompt (each create request that got through)."""
+    jobs = list(sim.state.jobs.values())
+    return sum(1 for j in jobs if j.input.get("prompt") == prompt and not j.hidden)
+
+
+def gen_view(tree: Tree, jid: str, n: int = 1) -> generation.View:
+    return generation.read(generation.gen_dir(tree.attempt_dir(jid, n)))
+
+
+def gtree_worker(d: Any) -> str:
+    """The worker identity of a test daemon (``<host>-w1``)."""
+    return next(p.name[:-5] for p in d.log.parent.glob("spool/workers/*.json"))
+
+
+def run_in_process(tree: Tree, jid: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Claim and run one job on this thread (the kind's own step loop, no daemon)."""
+    monkeypatch.setenv(ENV_NAME, TOKEN)
+    cfg = config.load(tree.config_file)
+    ctx = Context(tree, cfg, "t1", Journal(tree, "t1"), threading.Event())
+    assert claim.claim(tree, "t1", jid)
+    return execute(ctx, jid)
+
+
+# -- acceptance and the seam ----------------------------------------------------------
+
+
+def test_a_generate_submission_freezes_with_its_provider_pool(gtree: Tree):
+    jid = submit(gtree, gen_sub())
+    data = gtree.job_file("pending", jid).read_bytes()
+    job = decode_job(data)
+    assert isinstance(job, GenerateJob)
+    assert job.output.file == "gen-clip.mp4" and job.output.expect.video_streams == 1
+    assert KINDS["generate"].pool(data) == "provider:sim"
+    assert pools.capacities(config.load(gtree.config_file))["provider:sim"] == 4
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"generate": {"provider": "nope", "model": "m", "input": {}}}, "generate.provider"),
+        ({"generate": None}, "generate"),
+        ({"output": {"file": "x.mov"}}, "output.file"),
+        ({"generate": {"provider": "sim", "model": "m", "input": {}, "token": "x"}}, "generate.token"),
+    ],
+)
+def test_a_bad_generate_submission_is_rejected_naming_the_field(gtree: Tree, change: dict, field: str):
+    with pytest.raises(InvalidInput) as err:
+        submit(gtree, gen_sub(**change))
+    assert err.value.field.startswith(field)
+
+
+def test_crash_points_of_the_generation_path_are_registered():
+    assert {"after_gen_intent", "after_gen_generating", "after_gen_retrieving", "after_gen_stored"} <= set(
+        OTHER_POINTS
+    )
+
+
+# -- faults, end to end on one thread ------------------------------------------------------
+
+
+def test_rate_limited_polls_are_honoured_and_the_job_completes(gtree, sim, monkeypatch):
+    prompt = "throttled #fault=ratelimit:2:0.2"
+    jid = submit(gtree, gen_sub("gen-429", prompt))
+    assert run_in_process(gtree, jid, monkeypatch) == "complete"
+    view = gen_view(gtree, jid)
+    assert view.state == "indexed" and view.poll is not None and view.poll.rate_limited == 2
+    assert creates(sim, prompt) == 1
+
+
+def test_truncated_downloads_are_retried_from_the_same_url_then_fail_located(gtree, sim, monkeypatch):
+    prompt = "cut short #fault=truncate"
+    jid = submit(gtree, gen_sub("gen-trunc", prompt))
+    outcome = run_in_process(gtree, jid, monkeypatch)
+    assert outcome in ("retry", "failed")
+    f = read(gtree.attempt_dir(jid, 1) / "failure.json", Failure)
+    assert f.property == "provider.download" and f.actual == "truncated"
+    assert "from the same URL" in f.next_action
+    assert creates(sim, prompt) == 1  # retried downloads, never a new generation
+    assert not (gtree.attempt_dir(jid, 1) / "work" / "gen-trunc.mp4").exists()
+    assert gen_view(gtree, jid).state == "failed"
+
+
+def test_an_expired_output_url_is_a_located_failure_with_its_next_action(gtree, sim, monkeypatch):
+    prompt = "gone soon #fault=expire:0"
+    jid = submit(gtree, gen_sub("gen-expired", prompt))
+
+    def succeeded_long_ago() -> None:
+        # expire:0 leaves the URL valid for up to a second after success: make the
+        # success a minute old as soon as the simulator has the job, before any poll.
+        jobs = lambda: list(sim.state.jobs.values())  # noqa: E731 - the server thread adds to it
+        job = wait_for(lambda: next((j for j in jobs() if j.input["prompt"] == prompt), None), interval=0.01)
+        job.succeeded_at = job.created - 60
+
+    helper = threading.Thread(target=succeeded_long_ago)
+    helper.start()
+    run_in_process(gtree, jid, monkeypatch)
+    helper.join()
+    f = read(gtree.attempt_dir(jid, 1) / "failure.json", Failure)
+    assert f.property == "provider.download" and "expired" in f.message
+    assert "generates again" in f.next_action
+    view = gen_view(gtree, jid)
+    assert view.state == "failed" and view.record is not None and view.record.output_url
+
+
+def test_a_job_the_provider_loses_fails_with_submit_again_as_next_action(gtree, sim, monkeypatch):
+    jid = submit(gtree, gen_sub("gen-lost", "forgotten #fault=lose:1 #fault=work:5"))
+    run_in_process(gtree, jid, monkeypatch)
+    f = read(gtree.attempt_dir(jid, 1) / "failure.json", Failure)
+    assert f.property == "provider.get" and "submits again" in f.next_action
+    assert gen_view(gtree, jid).state == "failed"
+
+
+def test_non_video_bytes_never_pass_the_gate(gtree, sim, monkeypatch):
+    jid = submit(gtree, gen_sub("gen-text", "words #fault=not_video"))
+    run_in_process(gtree, jid, monkeypatch)
+    f = read(gtree.attempt_dir(jid, 1) / "failure.json", Failure)
+    assert f.stage == "validate"
+    assert not gtree.manifest_file(jid).exists()
+
+
+def test_a_duplicate_completion_is_retrieved_once(gtree, sim, monkeypatch):
+    prompt = "twice #fault=recomplete"
+    jid = submit(gtree, gen_sub("gen-twice", prompt))
+    assert run_in_process(gtree, jid, monkeypatch) == "complete"
+    assert creates(sim, prompt) == 1
+    assert sorted(p.name for p in generation.gen_dir(gtree.attempt_dir(jid, 1)).glob("*.json")) == [
+        "1-submitted.json", "2-generating.json", "3-retrieving.json", "4-stored.json",
+        "5-indexed.json", "poll.json",
+    ]  # fmt: skip
+
+
+def test_a_rate_limited_create_is_sent_again_and_makes_one_job(gtree, sim, monkeypatch):
+    prompt = "queued behind a 429"
+    jid = submit(gtree, gen_sub("gen-create-429", prompt))
+    sim.control(ratelimit={"count": 1, "retry_after": 0.2})  # the next API request: the create
+    assert run_in_process(gtree, jid, monkeypatch) == "complete"
+    assert creates(sim, prompt) == 1
+
+
+def test_a_create_whose_reply_is_lost_is_found_and_adopted_not_resent(gtree, sim, monkeypatch):
+    prompt = "made but answered 502 #fault=create_5xx_after"
+    jid = submit(gtree, gen_sub("gen-ambiguous", prompt))
+    assert run_in_process(gtree, jid, monkeypatch) == "complete"
+    assert creates(sim, prompt) == 1
+    events = (gtree.root / "events" / "t1.jsonl").read_text()
+    assert "create reply lost" in events and "adopted provider job" in events
+
+
+def test_runway_generates_and_a_lost_create_reply_fails_with_check_the_provider(tree, sim, monkeypatch):
+    with open(tree.config_file, "a") as f:
+        f.write(provider_table(sim, "rw").replace('"replicate"', '"runway"'))
+    spec = {"provider": "rw", "model": "gen4_turbo", "input": {"promptText": "a mug, runway style"}}
+    ok = submit(tree, gen_sub("gen-runway", generate=spec))
+    assert run_in_process(tree, ok, monkeypatch) == "complete"
+    lost = {**spec, "input": {"promptText": "made, reply lost #fault=create_5xx_after"}}
+    bad = submit(tree, gen_sub("gen-runway-lost", generate=lost))
+    assert run_in_process(tree, bad, monkeypatch) == "failed"
+    f = read(tree.attempt_dir(bad, 1) / "failure.json", Failure)
+    assert "check the provider; spool retry submits again" in f.next_action.lower()
+    assert gen_view(tree, bad).state == "failed"
+
+
+def test_the_spending_guard_refuses_with_a_located_reason(tree, sim, monkeypatch):
+    with open(tree.config_file, "a") as f:
+        f.write(provider_table(sim) + "\n[providers.sim.spending]\nper_hour = 1\nper_day = 10\n")
+    first = submit(tree, gen_sub("gen-spend-1", "paid once"))
+    second = submit(tree, gen_sub("gen-spend-2", "paid twice"))
+    assert run_in_process(tree, first, monkeypatch) == "complete"
+    assert run_in_process(tree, second, monkeypatch) == "failed"
+    f = read(tree.attempt_dir(second, 1) / "failure.json", Failure)
+    assert f.property == "providers.sim.spending.per_hour"
+    assert "spending.per_hour = 1" in f.message and "the next is allowed at" in f.message
+    assert creates(sim, "paid twice") == 0
+
+
+# -- the daemon ---------------------------------------------------------------------------
+
+
+def test_a_generation_job_runs_end_to_end_under_the_daemon(gtree, sim, daemons):
+    prompt = "a mug of coffee on a beach at dawn"
+    jid = submit(gtree, gen_sub("gen-e2e", prompt))
+    d = daemons(gtree, drain=True, env=ENV)
+    assert d.wait(timeout=60) == 0, d.output()[-3000:]
+    assert state_files(gtree)["complete"] == [f"{jid}.json"]
+    m = read(gtree.manifest_file(jid), Manifest)
+    assert m.attempt == 1 and m.output.size > 0
+    view = gen_view(gtree, jid)
+    assert view.state == "indexed" and view.record is not None and view.record.sha256 == m.output.sha256
+    events = [
+        json.loads(x) for p in (gtree.root / "events").rglob("*.jsonl") for x in p.read_text().splitlines()
+    ]
+    steps = [e["to"] for e in events if e["job"] == jid]
+    assert steps.index("gen.submitted") < steps.index("gen.generating") < steps.index("gen.retrieving")
+    assert steps.index("gen.retrieving") < steps.index("gen.stored") < steps.index("gen.indexed")
+    assert steps.index("gen.indexed") < steps.index("complete")
+    assert creates(sim, prompt) == 1
+
+
+def test_a_waiting_generation_holds_no_render_slot(gtree, sim, assets, daemons):
+    settings.write(gtree.config_file, {"limits": {"max_active": 1}})
+    gen = submit(gtree, gen_sub("gen-slow", "slow one #fault=work:6", priority=10))
+    d = daemons(gtree, env=ENV)
+    wait_for(lambda: gen_view(gtree, gen).state == "generating", timeout=30)
+    write_json(gtree.incoming / "r.json", minimal(assets, "plain-render"))
+    wait_for(lambda: gtree.job_file("complete", "plain-render@1").exists(), timeout=30)
+    assert gen_view(gtree, gen).state == "generating"  # still waiting at the provider
+    wait_for(lambda: gtree.job_file("complete", gen).exists(), timeout=30)
+    d.signal(15)
+    assert d.wait(timeout=30) == 0
+
+
+@pytest.mark.parametrize(
+    "point",
+    [
+        "after_gen_intent",
+        "after_gen_create",
+        "after_gen_generating",
+        "after_gen_retrieving",
+        "after_gen_stored",
+    ],
+)
+def test_kill_9_between_states_resumes_without_a_second_create(tree, sim, daemons, point):
+    # after_gen_intent: nothing was sent, but only a listing that has settled (30 s) proves it.
+    gtree = tree
+    with open(tree.config_file, "a") as f:
+        f.write(provider_table(sim).replace("deadline = 30", "deadline = 120"))
+    prompt = f"crash at {point}"
+    jid = submit(gtree, gen_sub(f"gen-{point.replace('_', '-')}", prompt))
+    d = daemons(gtree, env={**ENV, "SPOOL_CRASH_AT": point})
+    assert d.wait(timeout=60) == -9, d.output()[-3000:]
+    assert state_files(gtree)["running"] == [f"{jid}.json"]
+    d2 = daemons(gtree, drain=True, env=ENV)
+    assert d2.wait(timeout=90) == 0, d2.output()[-3000:]
+    assert state_files(gtree)["complete"] == [f"{jid}.json"]
+    assert creates(sim, prompt) == 1
+    assert gtree.attempt_numbers(jid) == [1]  # the same attempt carried on
+    assert gen_view(gtree, jid).state == "indexed"
+
+
+def test_spool_cancel_of_a_waiting_generation_cancels_at_the_provider(gtree, sim, daemons):
+    prompt = "never ends #fault=never"
+    jid = submit(gtree, gen_sub("gen-cancel", prompt))
+    d = daemons(gtree, env=ENV)
+    wait_for(lambda: gen_view(gtree, jid).state == "generating", timeout=30)
+    r = run_cli("cancel", jid, "--by", "tester", spool=gtree)
+    assert r.returncode == 0, r.stderr
+    assert state_files(gtree)["failed"] == [f"{jid}.json"]
+    pid = gen_view(gtree, jid).record.provider_job_id
+    assert sim.job(pid).canceled_at is not None
+    assert gen_view(gtree, jid).state == "failed"
+    d.signal(15)
+    d.wait(timeout=30)
+
+
+def test_the_token_is_never_written_to_any_file(gtree, sim, daemons):
+    jid = submit(gtree, gen_sub("gen-secret", f"leak {TOKEN} #fault=fail"))
+    d = daemons(gtree, drain=True, env=ENV)
+    d.wait(timeout=60)
+    assert state_files(gtree)["failed"] == [f"{jid}.json"]
+    # The job file (and its frozen copy) holds the submitter's own input verbatim: nothing else may.
+    job_bytes = gtree.job_file("failed", jid).read_bytes()
+    leaks = []
+    for root, _dirs, files in os.walk(gtree.root.parent):
+        for name in files:
+            p = Path(root) / name
+            if p.is_file() and not p.is_symlink():
+                data = p.read_bytes()
+                if TOKEN.encode() in data and data != job_bytes:
+                    leaks.append(str(p))
+    assert leaks == []
+
+
+def test_a_late_completion_of_an_abandoned_attempt_is_recorded_and_never_published(tree, sim, daemons):
+    settings.write(tree.config_file, {"recovery": {"backoff": 0.2}})
+    with open(tree.config_file, "a") as f:
+        f.write(provider_table(sim).replace("deadline = 30", "deadline = 1"))
+    prompt = "late bloomer"
+    jid = submit(tree, gen_sub("gen-late", prompt))
+    sim.control(faults=["never", "late:0.5"])  # attempt 1's job: only "finishes" after its cancel
+    try:
+        d = daemons(tree, env=ENV)
+        wait_for(lambda: gen_view(tree, jid).state == "generating", timeout=30)
+        sim.control(faults=[])  # attempt 2 generates normally
+        late = tree.attempt_dir(jid, 1) / "gen" / "late-completion.json"
+        wait_for(lambda: tree.job_file("complete", jid).exists() and late.exists(), timeout=40)
+    finally:
+        sim.control(faults=[])
+    m = read(tree.manifest_file(jid), Manifest)
+    assert m.attempt == 2
+    assert gen_view(tree, jid, 1).state == "failed" and gen_view(tree, jid, 2).state == "indexed"
+    first = sim.job(gen_view(tree, jid, 1).record.provider_job_id)
+    assert first.canceled_at is not None and first.succeeded_at is not None
+    assert creates(sim, prompt) == 2  # one per attempt: the retry is a new generation
+    d.signal(15)
+    assert d.wait(timeout=30) == 0
+
+
+def test_spool_recover_of_a_dead_workers_generation_never_creates_twice(gtree, sim, daemons):
+    prompt = "recovered elsewhere"
+    jid = submit(gtree, gen_sub("gen-recovered", prompt))
+    d = daemons(gtree, env={**ENV, "SPOOL_CRASH_AT": "after_gen_generating"})
+    assert d.wait(timeout=60) == -9
+    r = run_cli("recover", spool=gtree)  # no driver in the CLI: the job goes back to pending
+    assert r.returncode == 0, r.stderr
+    d2 = daemons(gtree, "w2", drain=True, env=ENV)
+    assert d2.wait(timeout=90) == 0, d2.output()[-3000:]
+    assert state_files(gtree)["complete"] == [f"{jid}.json"]
+    assert creates(sim, prompt) == 1
+    n = read(gtree.manifest_file(jid), Manifest).attempt
+    assert n > 1
+    first, last = gen_view(gtree, jid, 1).record, gen_view(gtree, jid, n).record
+    assert first.provider_job_id == last.provider_job_id
+
+
+def test_generations_in_flight_never_exceed_the_providers_allowance(tree, sim, daemons):
+    with open(tree.config_file, "a") as f:
+        f.write(provider_table(sim).replace("in_flight = 4", "in_flight = 2"))
+    jids = [submit(tree, gen_sub(f"gen-many-{i}", f"one of many {i} #fault=work:1")) for i in range(6)]
+    d = daemons(tree, drain=True, env=ENV)
+    peak = 0
+    while d.alive():
+        markers = tree.attempts.glob("*/*/gen/state.*")
+        peak = max(peak, sum(1 for p in markers if not p.name.endswith(("indexed", "failed"))))
+        time.sleep(0.02)
+    assert d.wait(timeout=60) == 0
+    assert state_files(tree)["complete"] == sorted(f"{j}.json" for j in jids)
+    assert peak == 2  # the allowance was used, and never exceeded
+
+
+def test_a_daemon_without_the_token_moves_the_job_on_and_names_the_variable(gtree, sim, daemons):
+    jid = submit(gtree, gen_sub("gen-no-token", "who am I"))
+    d = daemons(gtree, drain=True, env={ENV_NAME: ""})
+    assert d.wait(timeout=60) == 0, d.output()[-3000:]
+    f = read(gtree.attempt_dir(jid, 1) / "failure.json", Failure)
+    assert f.property == "providers.sim" and f.fault == "host"
+    assert ENV_NAME in f.message
+    assert (gtree.job_attempts(jid) / f"blocked-{gtree_worker(d)}.json").exists()
+    assert creates(sim, "who am I") == 0
+
+
+def test_a_stopped_daemon_leaves_its_generation_running_and_resumes_it(gtree, sim, daemons):
+    prompt = "patient #fault=work:4"
+    jid = submit(gtree, gen_sub("gen-stop", prompt))
+    d = daemons(gtree, env=ENV)
+    wait_for(lambda: gen_view(gtree, jid).state == "generating", timeout=30)
+    d.signal(15)
+    assert d.wait(timeout=30) == 0
+    assert state_files(gtree)["running"] == [f"{jid}.json"]  # not returned to pending, not failed
+    d2 = daemons(gtree, drain=True, env=ENV)
+    assert d2.wait(timeout=60) == 0, d2.output()[-3000:]
+    assert state_files(gtree)["complete"] == [f"{jid}.json"]
+    assert creates(sim, prompt) == 1 and gtree.attempt_numbers(jid) == [1]

@@ -1,0 +1,184 @@
+"""The library index: safe names, written inside the publish boundary, consistent
+under concurrent publishing and after kill -9, repaired by fsck, rebuilt from manifests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import invariants
+import pytest
+from conftest import run_cli, state_files, wait_for
+from libhelp import allow_noop, noop_sub, publish, tags_for
+
+from spool import accept, config, index, library
+from spool.index import decode_value, encode_value
+from spool.model import Manifest, decode
+
+VALUES = [
+    "en-GB",
+    "mug",
+    ".",
+    "..",
+    ".hidden",
+    "a/b",
+    "Été 2026",
+    "100%",
+    "~x",
+    "\x00nul",
+    "🎬" * 5,
+    "x" * 256,
+    "é" * 256,
+]
+
+
+def test_every_value_becomes_one_safe_file_name():
+    names = [encode_value(v) for v in VALUES]
+    assert len(set(names)) == len(VALUES)  # injective on these
+    for v, n in zip(VALUES, names, strict=True):
+        assert "/" not in n and "\x00" not in n and not n.startswith(".")
+        assert len(n.encode()) <= 255
+        assert decode_value(n) in (v, None)  # None only for hashed long values
+    assert encode_value("en-GB") == "en-GB" and encode_value("Été 2026") == "%C3%89t%C3%A9%202026"
+    assert decode_value(encode_value("x" * 256)) is None and decode_value(encode_value("a/b")) == "a/b"
+
+
+def test_publish_writes_one_entry_per_required_tag_and_a_version_record(tree):
+    cfg = allow_noop(tree)
+    jid = publish(tree, cfg, noop_sub("spot", tags=tags_for(0, campaign="Été 2026")))
+    for tag, value in tags_for(0, campaign="Été 2026").items():
+        assert (tree.root / "index" / tag / encode_value(value) / jid).is_file()
+    rec = json.loads((tree.root / "library" / "spot" / "1").read_text())
+    m = json.loads(tree.manifest_file(jid).read_text())
+    assert rec["sha256"] == m["output"]["sha256"] and rec["store_path"] == m["output"]["store_path"]
+    assert index.check(tree, cfg.acceptance.required_tags, repair=False) == []
+    # Idempotent: a second call (recovery, fsck) changes nothing.
+    before = sorted((p, p.stat().st_mtime_ns) for p in (tree.root / "index").rglob("*"))
+    index.index_job(
+        tree, decode(tree.manifest_file(jid).read_bytes(), Manifest), cfg.acceptance.required_tags
+    )
+    assert sorted((p, p.stat().st_mtime_ns) for p in (tree.root / "index").rglob("*")) == before
+
+
+@pytest.mark.parametrize("point", ["after_manifest", "mid_index", "after_index"])
+def test_kill_9_around_the_index_leaves_a_consistent_index_after_recovery(point, tree, daemons):
+    cfg = allow_noop(tree)
+    job = accept.accept_bytes(tree, cfg, noop_sub("crash", tags=tags_for(1)), "t")
+    d = daemons(tree, "w1", env={"SPOOL_CRASH_AT": point})
+    assert d.wait(timeout=60) == -signal.SIGKILL, d.output()
+    # Not complete yet, so not a hit yet (and never an unreadable one).
+    assert state_files(tree)["running"] == ["crash@1.json"]
+    assert library.search(tree, cfg, library.parse_terms(["campaign=c1"])).results == []
+    again = daemons(tree, "w1", drain=True)
+    assert again.wait(timeout=60) == 0, again.output()
+    assert state_files(tree)["complete"] == ["crash@1.json"]
+    assert index.check(tree, cfg.acceptance.required_tags, repair=False) == []
+    [hit] = library.search(tree, cfg, library.parse_terms(["campaign=c1", "locale=fr-FR"])).results
+    assert hit.job == job.job_id
+    assert invariants.check(tree.root) == []
+
+
+def test_fsck_repairs_a_deleted_and_a_stray_entry(tree):
+    cfg = allow_noop(tree)
+    a = publish(tree, cfg, noop_sub("one", tags=tags_for(0)))
+    publish(tree, cfg, noop_sub("two", tags=tags_for(1)))
+    (tree.root / "index" / "locale" / "en-GB" / a).unlink()  # deleted
+    (tree.root / "library" / "one" / "1").unlink()
+    stray = tree.root / "index" / "campaign" / "c3" / a  # a value the manifest does not have
+    stray.parent.mkdir()
+    stray.touch()
+    ghost = tree.root / "index" / "campaign" / "ghost"
+    ghost.mkdir()
+    (ghost / "ghost@1").touch()  # no manifest at all
+    res = run_cli("fsck", "--json", spool=tree)
+    out = json.loads(res.stdout)
+    assert res.returncode == 0, out
+    found = {p["problem"] for p in out["problems"]}
+    assert "missing library index entries" in found
+    assert "stray library index entry (no manifest names it)" in found
+    assert all(p["repaired"] for p in out["problems"])
+    assert (tree.root / "index" / "locale" / "en-GB" / a).exists() and not stray.exists()
+    assert not (ghost / "ghost@1").exists()
+    assert index.check(tree, cfg.acceptance.required_tags, repair=False) == []
+    assert [h.job for h in library.search(tree, cfg, library.parse_terms(["locale=en-GB"])).results] == [a]
+
+
+def test_index_rebuild_recreates_the_index_from_manifests_alone(tree):
+    cfg = allow_noop(tree)
+    jobs = [publish(tree, cfg, noop_sub(f"r{i}", tags=tags_for(i))) for i in range(6)]
+
+    def snapshot():
+        return sorted(
+            str(p.relative_to(tree.root)) for d in ("index", "library") for p in (tree.root / d).rglob("*")
+        )
+
+    before = snapshot()
+    for d in ("index", "library"):
+        subprocess.run(["rm", "-rf", str(tree.root / d)], check=True)
+    assert run_cli("index", spool=tree).returncode == 1  # the check alone finds what is missing
+    res = run_cli("index", "--rebuild", "--json", spool=tree)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["versions"] == len(jobs)
+    assert snapshot() == before
+
+
+SEARCHER = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from spool import config, library, store
+    from spool.tree import Tree
+    tree = Tree.at(sys.argv[1]); cfg = config.load(tree.config_file)
+    stop = tree.root.parent / "stop"
+    queries, bad_hash, missed, hits = 0, [], [], 0
+    while not stop.exists():
+        for i in range(4):
+            for loc in ("en-GB", "fr-FR"):
+                # Jobs complete before the query must all be found (names say their tags).
+                before = {n[:-5] for n in os.listdir(tree.complete) if n.endswith(".json")}
+                res = library.search(tree, cfg, library.parse_terms([f"campaign=c{i}", f"locale={loc}"]))
+                queries += 1
+                got = {h.job for h in res.results}
+                for h in res.results:
+                    hits += 1
+                    digest, _ = store.sha256_file(tree.root / h.path)
+                    if digest != h.sha256:
+                        bad_hash.append(h.job)
+                for jid in before:
+                    k = int(jid.split("@")[0][1:])
+                    if k % 4 == i and ["en-GB", "fr-FR"][k % 2] == loc and jid not in got:
+                        missed.append(jid)
+    print(json.dumps({"queries": queries, "hits": hits, "bad_hash": bad_hash, "missed": missed}))
+    """
+)
+
+
+def test_no_false_hit_or_miss_while_two_daemons_publish(tree, daemons):
+    cfg = allow_noop(tree)
+    n = 200
+    for i in range(n):
+        accept.accept_bytes(tree, cfg, noop_sub(f"n{i:04d}", tags=tags_for(i)), "t")
+    searcher = subprocess.Popen(
+        [sys.executable, "-c", SEARCHER, str(tree.root)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        a, b = daemons(tree, "a"), daemons(tree, "b")
+        wait_for(lambda: len(os.listdir(tree.complete)) == n, timeout=120, interval=0.2)
+    finally:
+        (tree.root.parent / "stop").touch()
+        out, _ = searcher.communicate(timeout=60)
+    for d in (a, b):
+        d.signal(signal.SIGTERM)
+        assert d.wait(timeout=30) == 0
+    report = json.loads(out)
+    assert report["queries"] > 8 and report["hits"] > 0
+    assert report["bad_hash"] == [] and report["missed"] == []
+    # At rest: every job is found by each of its tags, once.
+    for tag in ("campaign", "locale"):
+        for value in {tags_for(i)[tag] for i in range(n)}:
+            got = library.search(tree, cfg, library.parse_terms([f"{tag}={value}"])).results
+            assert len(got) == sum(1 for i in range(n) if tags_for(i)[tag] == value)
+    assert index.check(tree, config.load(tree.config_file).acceptance.required_tags, repair=False) == []
