@@ -8,7 +8,6 @@ sentence per error (``recipe.steps[2].op: 'blur' is not one of trim, fit, ...``)
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any, TypeVar
 
@@ -42,6 +41,8 @@ def _no_constants(name: str) -> Any:
 
 def parse_json(data: bytes, what: str = "submission") -> Any:
     """Bytes -> plain JSON values, strictly: UTF-8, no duplicate keys, no NaN."""
+    import json  # here: reading the queue never needs it, only submissions do
+
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -103,7 +104,11 @@ def convert(value: Any, typ: type[T], prefix: str = "") -> T:
 def display_key(key: str) -> str:
     """A key as it can appear in a field path: plain, or JSON-quoted (so spaces,
     newlines and lone surrogates stay on one readable, encodable line)."""
-    return key if _PLAIN_KEY.match(key) else json.dumps(key)
+    if _PLAIN_KEY.match(key):
+        return key
+    import json
+
+    return json.dumps(key)
 
 
 def explain(exc: msgspec.ValidationError, root: Any, value: Any = None) -> tuple[str, str]:

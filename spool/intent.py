@@ -17,17 +17,13 @@ each one is an explicit, journaled act:
 
 from __future__ import annotations
 
-import json
 import os
 import time
-import unicodedata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from . import accept, blocklist, recipe, retry
-from .attempt import open_attempt, write_failure
 from .config import Config
 from .decoding import convert
 from .errors import Failed, InvalidInput, NotFound, NotReady
@@ -54,6 +50,8 @@ _PERSON_BYTES = 160
 def person(by: str, field: str = "--by") -> str:
     """``by`` as a name to record (NFC, so the same name typed anywhere is one
     file), or :class:`InvalidInput` naming ``field``."""
+    import unicodedata  # here: `spool status` imports this module, never calls this
+
     name = unicodedata.normalize("NFC", by)
     ok = (
         0 < len(name) <= 64
@@ -92,6 +90,8 @@ def retry_job(tree: Tree, job_id: str, by: str, journal: Journal) -> None:
     """failed -> pending: same job file and recipe, a new attempt at the next claim.
     The workers blocked from it (host-class failures) may take it again: the
     operator says the hosts were fixed."""
+    from . import blocklist, retry  # here: `spool status` imports this module and needs neither
+
     _require(tree, job_id, "failed")
     retry.mark_operator_retry(tree, job_id, by)
     clear_cancel(tree, job_id)
@@ -131,6 +131,10 @@ def revise(
     Revisions form a line, not a tree: revising a job that already has a newer
     revision is refused, naming the newest, unless ``force`` (then the new
     revision still gets the next free number and supersedes ``job_id``)."""
+    import json
+
+    from . import accept, recipe  # here: validating a recipe pulls in every job kind
+
     found = load_job(tree, job_id)
     if found is None:
         raise NotFound(f"no job {job_id} in {tree.root}")
@@ -231,6 +235,8 @@ def cancel(
     """Cancel a pending, held or running job. Returns the state the job ended in:
     ``failed`` (cancelled), or ``complete`` if a render finished before its
     worker saw the request."""
+    from .attempt import open_attempt, write_failure
+
     by = person(by)  # it is recorded as who cancelled
     loc = _require(tree, job_id, "pending", "held", "running")
     why = reason or f"cancelled by {by}"

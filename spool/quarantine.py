@@ -23,13 +23,16 @@ import errno
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
-from . import kinds
 from .faults import crashpoint
 from .model import QuarantineRecord, encode, now
 from .tree import NotRegular, Tree, make_dirs, read_regular, transfer, write_atomic
+
+if TYPE_CHECKING:
+    from . import kinds
 
 log = logging.getLogger("spool.quarantine")
 
@@ -52,6 +55,8 @@ def check(name: str, data: bytes) -> kinds.Job:
     Checks that it decodes as a job of a known kind, that the file is named
     for its job ID, and that ``recipe_hash`` is the hash of its spec.
     """
+    from . import kinds  # here: `spool status` reads quarantine reasons without every job kind
+
     try:
         job = kinds.decode_job(data)
     except msgspec.ValidationError as exc:

@@ -15,11 +15,11 @@ rejection reasons and the daemon's own log.
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 #: Environment variable names that hold secrets.
 SECRET_NAMES = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|CREDENTIAL|PRIVATE_KEY", re.I)
@@ -59,6 +59,11 @@ def child_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not SECRET_NAMES.search(k)}
 
 
+def known() -> bool:
+    """Whether any secret is known (else :func:`redact` changes nothing)."""
+    return _pattern is not None
+
+
 def redact(text: str) -> str:
     """``text`` with every known secret masked."""
     if _pattern is None or not text:
@@ -72,14 +77,29 @@ def redact_bytes(data: bytes) -> bytes:
     return redact(data.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
 
 
-class RedactingFilter(logging.Filter):
-    """A logging filter that masks secrets in every record's final message."""
+def _redacting_filter() -> type:
+    import logging
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        if _pattern is not None:
-            record.msg = redact(record.getMessage())
-            record.args = None
-            if record.exc_info and record.exc_info[1] is not None:
-                record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
-                record.exc_info = None
-        return True
+    class RedactingFilter(logging.Filter):
+        """A logging filter that masks secrets in every record's final message."""
+
+        def filter(self, record: logging.LogRecord) -> bool:
+            if _pattern is not None:
+                record.msg = redact(record.getMessage())
+                record.args = None
+                if record.exc_info and record.exc_info[1] is not None:
+                    record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+                    record.exc_info = None
+            return True
+
+    return RedactingFilter
+
+
+def __getattr__(name: str) -> Any:
+    """``RedactingFilter`` (a ``logging.Filter``) is made on first use: the CLI's
+    reading commands log nothing, and importing logging would cost them a
+    tenth of their start-up."""
+    if name == "RedactingFilter":
+        cls = globals()["RedactingFilter"] = _redacting_filter()
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

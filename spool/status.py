@@ -7,23 +7,34 @@ stay fast on a spool of 100,000 jobs; only what is shown gets parsed.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .model import AttemptRecord, Failure, Manifest, Progress, WorkerRecord
-from .records import read
-from .tree import FLAT_STATES, Tree, visible_names
+from .tree import FLAT_STATES, Tree, Value, visible_names
 
 if TYPE_CHECKING:
     from .kinds import Job
+    from .model import Progress, WorkerRecord
 
 
-@dataclass(frozen=True)
-class Location:
+def read(path: Path, typ: Any, *, replaced: bool = False) -> Any:
+    """:func:`spool.records.read`, for the modules that take it from here. Imported
+    on first use: ``spool ls`` lists names and never decodes a record."""
+    from .records import read as read_record
+
+    return read_record(path, typ, replaced=replaced)
+
+
+class Location(Value):
+    """Where a job is: its state, its file, and the worker for a running job."""
+
+    __match_args__ = ("state", "path", "worker")
     state: str
     path: Path
-    worker: str | None = None
+    worker: str | None
+
+    def __init__(self, state: str, path: Path, worker: str | None = None) -> None:
+        self._set(state=state, path=path, worker=worker)
 
 
 def running_workers(tree: Tree) -> list[str]:
@@ -98,6 +109,8 @@ def attempt_numbers(tree: Tree, job_id: str) -> list[int]:
 
 def attempt_summary(tree: Tree, job_id: str, n: int) -> dict[str, Any]:
     """One attempt as ``spool show`` reports it: who, when, and how it ended."""
+    from .model import AttemptRecord, Failure, Manifest, Progress
+
     d = tree.attempt_dir(job_id, n)
     rec = read(d / "attempt.json", AttemptRecord)
     failure = read(d / "failure.json", Failure)
@@ -125,6 +138,8 @@ def attempt_summary(tree: Tree, job_id: str, n: int) -> dict[str, Any]:
 def show(tree: Tree, job_id: str) -> dict[str, Any] | None:
     """Everything ``spool show`` prints about one job (SPEC: job, state,
     attempts, failure, manifest)."""
+    from .model import Manifest
+
     found = load_job(tree, job_id)
     if found is None:
         return None
@@ -145,6 +160,8 @@ def show(tree: Tree, job_id: str) -> dict[str, Any] | None:
 
 
 def workers(tree: Tree) -> list[WorkerRecord]:
+    from .model import WorkerRecord
+
     out = []
     for name in visible_names(tree.workers):
         rec = read(tree.workers / name, WorkerRecord)
@@ -154,6 +171,8 @@ def workers(tree: Tree) -> list[WorkerRecord]:
 
 
 def progress_of(tree: Tree, job_id: str) -> Progress | None:
+    from .model import Progress
+
     nums = attempt_numbers(tree, job_id)
     if not nums:
         return None

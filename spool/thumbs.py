@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 from pathlib import Path
 
-from . import ffcommand, probe
 from .config import Config
 from .model import Manifest
 from .tree import Tree, make_dirs, write_atomic
@@ -67,6 +65,10 @@ def poster_time(duration: float | None) -> float:
 
 def grab(source: Path, at: float, width: int, ffmpeg: str = "ffmpeg") -> bytes:
     """One frame of ``source`` at ``at`` seconds, ``width`` pixels wide, as JPEG bytes."""
+    import subprocess  # here: `spool status` only builds thumbnail URLs
+
+    from . import ffcommand
+
     argv = [
         ffmpeg,
         "-nostdin",
@@ -113,6 +115,8 @@ def grab(source: Path, at: float, width: int, ffmpeg: str = "ffmpeg") -> bytes:
 def make(tree: Tree, cfg: Config, manifest: Manifest) -> Path | None:
     """Make the poster frame of a published output unless it exists; ``None``
     when the output has no video or thumbnails are off. Raises ThumbnailError."""
+    from . import probe
+
     width = cfg.observe.thumbnail_width
     if width == 0:
         return None

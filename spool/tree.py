@@ -22,13 +22,11 @@ from __future__ import annotations
 import errno
 import os
 import re
-import secrets
-import socket
 import stat
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 #: The queue states that are folders of job files (``held`` is pending, set aside
 #: by an operator; ``running`` holds one folder per worker).
@@ -111,7 +109,7 @@ def read_regular(path: Path) -> bytes:
 
 def host_name() -> str:
     """The short host name, made safe to use inside file names."""
-    raw = socket.gethostname().split(".")[0] or "host"
+    raw = os.uname().nodename.split(".")[0] or "host"  # = socket.gethostname(), without its import
     return "".join(c if c.isalnum() or c in "-_" else "-" for c in raw)
 
 
@@ -129,7 +127,7 @@ def boot_id() -> str:
 
 def temp_name(final_name: str) -> str:
     """A hidden name for a file being written, unique across hosts and processes."""
-    return f".{final_name}.{HOST}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    return f".{final_name}.{HOST}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
 
 
 _TEMP = re.compile(r"^\.(?P<final>.+)\.(?P<host>[A-Za-z0-9_-]+)\.(?P<pid>\d+)\.[0-9a-f]{8}(?:\.tmp)?$")
@@ -324,12 +322,50 @@ def visible_names(folder: Path, suffix: str = ".json") -> Iterator[str]:
                 yield name
 
 
-@dataclass(frozen=True)
-class Tree:
+class Value:
+    """A small immutable value: what ``@dataclass(frozen=True)`` gives (equality and
+    hash by fields, a repr, no assignment), without importing :mod:`dataclasses`,
+    whose import of :mod:`inspect` cost ``spool ls`` a fifth of its start-up.
+    A subclass names its fields in ``__match_args__`` and sets them in
+    ``__init__`` with :meth:`_set`."""
+
+    __match_args__: tuple[str, ...] = ()
+
+    def _set(self, **fields: Any) -> None:
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
+
+    def _key(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in self.__match_args__)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"cannot delete field {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is self.__class__:
+            return self._key() == other._key()
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__match_args__)
+        return f"{type(self).__name__}({fields})"
+
+
+class Tree(Value):
     """Paths of one spool. Path arithmetic: nothing here touches the disk except
     :meth:`create`, :meth:`share_with_group` and the :meth:`attempt_numbers` listing."""
 
+    __match_args__ = ("root",)
     root: Path
+
+    def __init__(self, root: Path) -> None:
+        self._set(root=root)
 
     @classmethod
     def at(cls, root: str | os.PathLike[str]) -> Tree:

@@ -29,7 +29,7 @@ FAKE = {
     "chmod": "true",
     "rm": "true",
 }
-TEST_ONLY = {"chromium", "chromium-driver", "redis-server", "openssh-server", "sshfs", "systemd"}
+TEST_ONLY = {"chromium", "chromium-driver", "redis-server", "openssh-server", "sshfs", "systemd", "strace"}
 
 
 def _script(path: Path, body: str) -> None:

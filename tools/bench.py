@@ -1,8 +1,8 @@
 """tools/bench: spool side by side with the queues people would pick instead, and
 with the machine's limits (issue 7). Run it through ``tools/bench``.
 
-    tools/bench [all|dispatch|latency|render|publish|scale|library|nas]
-                [--quick|--smoke] [--json FILE] [--markdown]
+    tools/bench [all|dispatch|latency|render|publish|scale|library|syscalls|nas]
+                [--quick|--smoke] [--json FILE] [--markdown] [--huge]
 
 Prints ONE table: each measure, spool's figure, a peer's figure (or the
 machine's floor), their ratio and the target, met or missed. Every figure is
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import common
 from benchlib.common import Row, log, notes, rows_json, table
 
-MEASURES = ("dispatch", "latency", "render", "publish", "scale", "library")
+MEASURES = ("dispatch", "latency", "render", "publish", "scale", "library", "syscalls")
 #: Measures run only when named: ``nas`` needs root and FUSE (tools/multimount).
 EXTRA = ("nas",)
 
@@ -57,6 +57,10 @@ def run_measure(name: str, mode: str) -> tuple[list[Row], list[str]]:
         from benchlib import scale
 
         return scale.run(mode)
+    if name == "syscalls":
+        from benchlib import syscalls
+
+        return syscalls.run(mode)
     if name == "nas":
         from benchlib import nas
 
@@ -92,11 +96,16 @@ def main(argv: list[str] | None = None) -> int:
     size.add_argument("--quick", action="store_true", help="smaller sizes and fewer rounds")
     size.add_argument("--smoke", action="store_true", help="tiny sizes: proves every row can be produced")
     ap.add_argument("--json", type=Path, help="also write rows, raw samples and notes to this file")
+    ap.add_argument("--huge", action="store_true", help="scale: add 1,000,000 pending jobs (minutes, ~5 GB)")
     ap.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     ap.add_argument("--disk-dir", type=Path, default=common.ROOTS["disk"], help="scratch on the local disk")
     ap.add_argument("--tmpfs-dir", type=Path, default=common.ROOTS["tmpfs"], help="scratch on tmpfs")
     args = ap.parse_args(argv)
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    if args.huge:
+        from benchlib import scale
+
+        scale.HUGE = True
     common.ROOTS["disk"] = args.disk_dir
     common.ROOTS["tmpfs"] = args.tmpfs_dir
     chosen = MEASURES if args.measure == "all" else (args.measure,)

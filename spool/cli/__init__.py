@@ -5,40 +5,75 @@ folder) and ``--json`` for scripts. Exit codes (SPEC section 10): 0 success,
 2 invalid input or rejected, 3 not ready, 4 not found, 1 anything else.
 
 Commands live in modules by what they are for; importing them registers them
-on the shared ``app``.
+on the shared typer ``app``. Importing this package builds nothing: the
+commands scripts call in loops (:mod:`.fast`) run without typer or rich, and
+the app is built on first use (``from spool.cli import app`` still works).
 """
 
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING, Any
 
-import typer
+if TYPE_CHECKING:
+    import typer
 
-from .. import secrets
-from ..errors import EXIT_ERROR, SpoolError
+__all__ = ["app", "main", "typer_main"]
 
-# Importing a group registers its commands; the order is the order of `spool --help`.
-from . import queue  # noqa: F401  # isort: skip
-from . import observe  # noqa: F401  # isort: skip
-from . import intent  # noqa: F401  # isort: skip
-from . import repair  # noqa: F401  # isort: skip
-from . import library  # noqa: F401  # isort: skip
-from . import doctor  # noqa: F401  # isort: skip
-from . import worker  # noqa: F401  # isort: skip
-from .common import app, guard_output
 
-__all__ = ["app", "main"]
+def _app() -> typer.Typer:
+    """The typer app with every command registered (built once, on first use)."""
+    # Importing a group registers its commands; the order is the order of `spool --help`.
+    from . import queue  # noqa: F401  # isort: skip
+    from . import observe  # noqa: F401  # isort: skip
+    from . import intent  # noqa: F401  # isort: skip
+    from . import repair  # noqa: F401  # isort: skip
+    from . import library  # noqa: F401  # isort: skip
+    from . import doctor  # noqa: F401  # isort: skip
+    from . import worker  # noqa: F401  # isort: skip
+    from .common import app
+
+    return app
+
+
+def __getattr__(name: str) -> Any:
+    if name == "app":
+        return _app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main() -> None:
+    """``spool``: a command scripts call in loops runs at once; the rest through typer."""
+    from .fast import parse
+
+    _run(parse(sys.argv[1:]) or (lambda: _app()()))
+
+
+def typer_main() -> None:
+    """``spool`` with every command going through the typer app (no fast path)."""
+    _run(lambda: _app()())
+
+
+def _run(command: Any) -> None:
+    """Run one command with output masked; what it did not catch is one line."""
+    from .. import secrets
+    from ..errors import EXIT_ERROR, SpoolError
+    from .plain import echo, guard_output
+
     secrets.install_from((), ())  # the environment's secrets; each command adds its config's
     guard_output()
     try:
-        app()
+        command()
+        sys.stdout.flush()
     except SpoolError as exc:  # anything a command did not catch itself
-        typer.echo(f"spool: {exc}", err=True)
+        echo(f"spool: {exc}", err=True)
         sys.exit(exc.exit_code)
+    except BrokenPipeError:  # `spool ls | head -1`: what click does, quietly exit 1
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(EXIT_ERROR)
     except OSError as exc:  # a file the command could not read or write: one line, no traceback
         where = f": {exc.filename}" if exc.filename else ""
-        typer.echo(f"spool: {exc.strerror or exc}{where}", err=True)
+        echo(f"spool: {exc.strerror or exc}{where}", err=True)
         sys.exit(EXIT_ERROR)

@@ -1,29 +1,47 @@
-"""What every command shares: the app, ``--spool``/``--json``, output helpers.
+"""The typer app every command registers on, and its ``--spool``/``--json`` options.
 
-Every byte the CLI prints passes one choke point, :func:`guard_output`: both
-standard streams (text and their binary buffers) mask the secrets
-:mod:`spool.secrets` knows. What is laid out or encoded first is masked
-before that, by :func:`unsecret`: the records behind ``status``, ``show`` and
-``events`` (a terminal may wrap a long secret) and every :func:`print_json`
-value (JSON escapes some characters a secret may hold).
+The helpers commands share live in :mod:`.plain` (no typer, no rich) and are
+re-exported here for the command modules.
 """
 
 from __future__ import annotations
 
-import os
-import sys
-from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, BinaryIO, TextIO
+from typing import Annotated
 
-import msgspec
 import typer
 
-from .. import config, secrets
-from ..config import Config
-from ..errors import InvalidInput, NotFound, SpoolError
-from ..tree import Tree
+from .plain import (
+    ago,
+    bar,
+    before_command,
+    echo,
+    fail,
+    guard_output,
+    human_seconds,
+    load_config,
+    open_spool,
+    open_tree,
+    print_json,
+    unsecret,
+)
+
+__all__ = [
+    "JsonOpt",
+    "SpoolOpt",
+    "ago",
+    "app",
+    "bar",
+    "echo",
+    "fail",
+    "guard_output",
+    "human_seconds",
+    "load_config",
+    "open_spool",
+    "open_tree",
+    "print_json",
+    "unsecret",
+]
 
 app = typer.Typer(
     add_completion=False,
@@ -38,163 +56,8 @@ SPOOL_HELP = "The spool folder (default: SPOOL_DIR, or the spool the current fol
 SpoolOpt = Annotated[Path | None, typer.Option("--spool", help=SPOOL_HELP, show_default=False)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 
-#: ``spool --spool DIR COMMAND``: the option given before the command, as ``git -C``.
-_before_command: dict[str, Path | None] = {"spool": None}
-
 
 @app.callback()
 def _global_options(spool: SpoolOpt = None) -> None:
     """A filesystem-native render queue: see and steer a spool."""
-    _before_command["spool"] = spool
-
-
-# -- output: the one place secrets are masked ------------------------------------------
-
-
-class _RedactingBytes:
-    """A binary stream that masks secrets in each write (``spool logs``, JSON)."""
-
-    def __init__(self, inner: BinaryIO) -> None:
-        self._inner = inner
-
-    def write(self, data: bytes) -> int:
-        self._inner.write(secrets.redact_bytes(bytes(data)))
-        return len(data)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-
-class _RedactingText:
-    """A text stream that masks secrets in each write; its ``buffer`` does too."""
-
-    def __init__(self, inner: TextIO) -> None:
-        self._inner = inner
-        self.buffer = _RedactingBytes(inner.buffer)
-
-    def write(self, text: str) -> int:
-        self._inner.write(secrets.redact(text))
-        return len(text)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-
-def guard_output() -> None:
-    """Mask secrets in everything written to stdout and stderr from now on
-    (idempotent). Secrets learnt later (a spool's ``[secrets]``) are masked too:
-    :func:`spool.secrets.redact` reads the current set at each write."""
-    if not isinstance(sys.stdout, _RedactingText):
-        sys.stdout = _RedactingText(sys.stdout)
-    if not isinstance(sys.stderr, _RedactingText):
-        sys.stderr = _RedactingText(sys.stderr)
-
-
-def unsecret(value: Any) -> Any:
-    """``value`` with every string in it masked, keeping its types (records stay
-    records). For what a terminal lays out (a wrapped line can split a long
-    secret in two, where masking the printed text no longer finds it) and for
-    JSON (which escapes some characters a secret may hold)."""
-    if isinstance(value, str):
-        return secrets.redact(value)
-    if isinstance(value, msgspec.Struct):
-        changed = {}
-        for name in value.__struct_fields__:
-            old = getattr(value, name)
-            new = unsecret(old)
-            if new is not old:
-                changed[name] = new
-        return msgspec.structs.replace(value, **changed) if changed else value
-    if isinstance(value, dict):
-        return {unsecret(k): unsecret(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [unsecret(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(unsecret(v) for v in value)
-    return value
-
-
-# -- helpers -------------------------------------------------------------------------
-
-
-def load_config(tree: Tree) -> Config:
-    """The spool's config; its secrets are masked in everything printed from now on."""
-    cfg = config.load(tree.config_file)
-    secrets.install_from(cfg.secrets.env, cfg.secrets.files)
-    os.umask(cfg.permissions.umask_bits)
-    return cfg
-
-
-def open_spool(spool: Path | None, as_json: bool) -> tuple[Tree, Config]:
-    """The spool and its config, or the command ends with one clear error."""
-    try:
-        tree = open_tree(spool)
-        return tree, load_config(tree)
-    except SpoolError as exc:
-        raise fail(exc, as_json) from None
-
-
-def open_tree(spool: Path | None) -> Tree:
-    """The spool named after the command, else before it, else by ``SPOOL_DIR``,
-    else the one the current folder is inside (``pending/``, ``attempts/J/1/work/``)."""
-    given = (
-        spool
-        or _before_command["spool"]
-        or (Path(os.environ["SPOOL_DIR"]) if os.environ.get("SPOOL_DIR") else None)
-    )
-    if given is None:
-        for folder in _upwards(Path.cwd()):
-            here = Tree.at(folder)
-            if here.is_spool():
-                return here
-        raise InvalidInput(
-            "--spool", "no spool given and none around the current folder; pass --spool DIR or set SPOOL_DIR"
-        )
-    tree = Tree.at(given)
-    if not tree.is_spool():
-        raise NotFound(f"{given} is not a spool (create one with: spool init {given})")
-    return tree
-
-
-def _upwards(start: Path) -> Iterator[Path]:
-    """``start`` and each folder above it, up to the filesystem root."""
-    yield start
-    yield from start.parents
-
-
-def print_json(value: Any) -> None:
-    """``value`` as indented JSON on stdout, every string in it masked."""
-    data = unsecret(msgspec.to_builtins(value))
-    sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(data), indent=2) + b"\n")
-
-
-def fail(exc: SpoolError, as_json: bool) -> typer.Exit:
-    if as_json:
-        print_json({"error": str(exc), "exit_code": exc.exit_code})
-    else:
-        typer.echo(f"spool: {exc}", err=True)
-    return typer.Exit(exc.exit_code)
-
-
-def ago(ts: datetime | None) -> str:
-    if ts is None:
-        return "-"
-    s = max(0.0, (datetime.now(UTC) - ts).total_seconds())
-    return human_seconds(s) + " ago"
-
-
-def human_seconds(s: float) -> str:
-    if s < 60:
-        return f"{s:.0f}s"
-    if s < 3600:
-        return f"{s / 60:.0f}m"
-    if s < 86400:
-        return f"{s / 3600:.1f}h"
-    return f"{s / 86400:.1f}d"
-
-
-def bar(percent: float | None, width: int = 20) -> str:
-    if percent is None:
-        return "[" + "?" * width + "]"
-    filled = round(width * percent / 100)
-    return "[" + "#" * filled + "-" * (width - filled) + "]"
+    before_command["spool"] = spool

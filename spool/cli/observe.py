@@ -15,19 +15,11 @@ import time
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from .. import eventlog, overview, status
 from ..errors import InvalidInput, NotFound, NotReady, SpoolError
-from . import views
+from . import fast, views
 from .common import JsonOpt, SpoolOpt, app, fail, open_spool, open_tree, print_json, unsecret
-
-
-def _console() -> Console:
-    """Styles on a terminal; plain, unwrapped lines in a pipe or file."""
-    if sys.stdout.isatty():
-        return Console(highlight=False)
-    return Console(highlight=False, width=1000, no_color=True, soft_wrap=True)
 
 
 @app.command("status")
@@ -44,12 +36,7 @@ def status_cmd(
     ] = False,
 ) -> None:
     """What is waiting, what is running, what needs attention, and the workers."""
-    tree, cfg = open_spool(spool, as_json)
-    ov = overview.overview(tree, cfg, exact=exact)
-    if as_json:
-        print_json(ov)
-        return
-    _console().print(views.status_view(unsecret(ov)))
+    fast.status(spool, as_json, exact=exact)
 
 
 @app.command()
@@ -60,6 +47,7 @@ def watch(
     spool: SpoolOpt = None,
 ) -> None:
     """`spool status`, redrawn live from the filesystem until Ctrl-C."""
+    from rich.console import Console
     from rich.live import Live
 
     tree, cfg = open_spool(spool, False)
@@ -82,24 +70,7 @@ def ls_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """List job IDs (with their state and, when running, their worker)."""
-    states = ["pending", "held", "running", "complete", "failed", "rejected"]
-    try:
-        tree = open_tree(spool)
-        if state is not None and state not in states:
-            raise InvalidInput("STATE", f"{state!r} is not one of {', '.join(states)}")
-    except SpoolError as exc:
-        raise fail(exc, as_json) from None
-    rows = [
-        {"job_id": jid, "state": s, "worker": w}
-        for s in ([state] if state else states)
-        for jid, w in sorted(status.job_ids(tree, s))
-    ]
-    if as_json:
-        print_json(rows)
-        return
-    out = sys.stdout
-    for r in rows:
-        out.write(f"{r['state']:<9} {r['job_id']}" + (f"  {r['worker']}" if r["worker"] else "") + "\n")
+    fast.ls(state, spool, as_json)
 
 
 @app.command()
@@ -109,21 +80,15 @@ def show(
     as_json: JsonOpt = False,
 ) -> None:
     """One job: its timeline, attempts, failure, manifest and approvals."""
-    try:
-        tree = open_tree(spool)
-        if "@" not in job:  # an asset name: its versions (the library, SPEC 9)
-            from .library import show_asset
+    if "@" not in job:  # an asset name: its versions (the library, SPEC 9)
+        from .library import show_asset
 
-            return show_asset(tree, job, as_json)
-        info = overview.job_detail(tree, job)
-        if info is None:
-            raise NotFound(f"no job {job} in {tree.root}")
-    except SpoolError as exc:
-        raise fail(exc, as_json) from None
-    if as_json:
-        print_json(info)
-        return
-    _console().print(views.show_view(unsecret(info)))
+        try:
+            tree = open_tree(spool)
+        except SpoolError as exc:
+            raise fail(exc, as_json) from None
+        return show_asset(tree, job, as_json)
+    fast.show(job, spool, as_json)
 
 
 @app.command()
@@ -227,7 +192,7 @@ def events(
     except SpoolError as exc:
         raise fail(exc, as_json) from None
     stop = {s.strip() for s in until.split(",") if s.strip()} if until else set()
-    console = _console()
+    console = fast.console()
     out = sys.stdout.buffer
 
     def emit(batch: list[eventlog.Line]) -> None:

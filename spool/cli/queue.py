@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import getpass
 import grp
 import os
-import stat
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from ..errors import EXIT_INVALID, InvalidInput, NotFound, SpoolError
-from ..events import Journal, cli_writer
+from ..errors import InvalidInput, SpoolError
 from ..tree import Tree, write_atomic
-from .common import JsonOpt, SpoolOpt, app, fail, load_config, open_spool, print_json
+from . import fast
+from .common import JsonOpt, SpoolOpt, app, fail, load_config, print_json
 
 # -- commands --------------------------------------------------------------------------
 
@@ -82,59 +80,4 @@ def submit(
     A file that cannot be read here (a typo, a folder, a FIFO, no permission) is the
     caller's problem, not the queue's: it is reported and nothing is written
     into the spool. The exit code is that of the first file that failed."""
-    from .. import accept
-
-    tree, cfg = open_spool(spool, as_json)
-    journal = Journal(tree, cli_writer())
-    user = getpass.getuser()
-    results: list[dict[str, Any]] = []
-    code = 0
-    for f in files:
-        local = _unreadable(f)
-        if local is not None:
-            code = code or local.exit_code
-            results.append(
-                {"file": str(f), "job_id": None, "error": str(local), "field": "FILES", "rejected": None}
-            )
-            if not as_json:
-                typer.echo(f"spool: {local}", err=True)
-            continue
-        outcome = accept.submit_file(tree, cfg, f, journal, user)
-        if isinstance(outcome, accept.Accepted):
-            results.append({"file": str(f), "job_id": outcome.job.job_id, "error": None})
-            if not as_json:
-                typer.echo(outcome.job.job_id)
-        else:
-            code = code or EXIT_INVALID
-            results.append(
-                {
-                    "file": str(f),
-                    "job_id": None,
-                    "error": str(outcome.error),
-                    "field": outcome.error.field,
-                    "rejected": tree.relative(outcome.path),
-                }
-            )
-            if not as_json:
-                typer.echo(f"{f}: rejected: {outcome.error}", err=True)
-    if as_json:
-        print_json(results)
-    if code:
-        raise typer.Exit(code)
-
-
-def _unreadable(path: Path) -> SpoolError | None:
-    """Why the submitter's own file cannot be submitted at all, if it cannot."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return NotFound(f"{path}: no such file")
-    except OSError as exc:
-        return InvalidInput(str(path), f"cannot be read ({exc.strerror})")
-    if stat.S_ISDIR(st.st_mode):
-        return InvalidInput(str(path), "is a folder, not a submission file")
-    if not stat.S_ISREG(st.st_mode):
-        return InvalidInput(str(path), "is not a regular file (a FIFO, socket or device)")
-    if not os.access(path, os.R_OK):
-        return InvalidInput(str(path), "cannot be read (permission denied)")
-    return None
+    fast.submit(files, spool, as_json)

@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..model import Event, Failure, Manifest, Progress
-from .common import human_seconds
+from .plain import human_seconds
 
 STATE_STYLE = {
     "incoming": "cyan",

@@ -10,36 +10,62 @@ factory) called as ``factory(config, token)``::
     acme = "acme_spool:AcmeProvider"
 
 A plug-in may not shadow a built-in kind.
+
+The HTTP side (:mod:`.base` on httpx, whose import brings click and rich, and
+the built-in clients) loads on first use: every command reads ``spool.toml``,
+whose ``[providers]`` tables :mod:`.config` parses, and most never call a provider.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from importlib.metadata import entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
-from .base import (
-    CHECK_PROVIDER,
-    FINAL,
-    Downloaded,
-    HttpProvider,
-    Lookup,
-    Provider,
-    ProviderError,
-    RemoteJob,
-    Status,
-)
 from .config import ProviderConfig, parse_provider, parse_providers, secret_names
-from .replicate import Replicate
-from .runway import Runway
+
+if TYPE_CHECKING:
+    from .base import (
+        CHECK_PROVIDER,
+        FINAL,
+        Downloaded,
+        HttpProvider,
+        Lookup,
+        Provider,
+        ProviderError,
+        RemoteJob,
+        Status,
+    )
 
 #: The entry-point group other provider kinds register in.
 GROUP = "spool.providers"
 
-Factory = Callable[..., Provider]
+Factory = Callable[..., "Provider"]
 
-BUILTIN: dict[str, Factory] = {"replicate": Replicate, "runway": Runway}
+#: What :mod:`.base` defines and this package re-exports (loaded on first use).
+_FROM_BASE = frozenset(
+    {"CHECK_PROVIDER", "FINAL", "Downloaded", "HttpProvider", "Lookup", "Provider"}
+    | {"ProviderError", "RemoteJob", "Status"}
+)
+
+
+def _builtin() -> dict[str, Factory]:
+    """The built-in kinds (their clients import httpx)."""
+    from .replicate import Replicate
+    from .runway import Runway
+
+    return {"replicate": Replicate, "runway": Runway}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_BASE:
+        from . import base
+
+        return getattr(base, name)
+    if name == "BUILTIN":
+        return _builtin()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "BUILTIN",
@@ -64,9 +90,12 @@ __all__ = [
 
 def kinds() -> dict[str, Factory]:
     """Every provider kind: the built-ins, then the plug-ins of :data:`GROUP`."""
-    found: dict[str, Factory] = dict(BUILTIN)
+    from importlib.metadata import entry_points
+
+    builtin = _builtin()
+    found: dict[str, Factory] = dict(builtin)
     for ep in entry_points(group=GROUP):
-        if ep.name in BUILTIN:
+        if ep.name in builtin:
             continue  # a plug-in never replaces a built-in kind
         found.setdefault(ep.name, _lazy(ep))
     return found
@@ -74,6 +103,8 @@ def kinds() -> dict[str, Factory]:
 
 def _lazy(ep: Any) -> Factory:
     def make(config: ProviderConfig, token: str, **kw: Any) -> Provider:
+        from .base import Provider
+
         try:
             factory = ep.load()
         except Exception as exc:

@@ -1,0 +1,144 @@
+"""The lean CLI (issue 14, item 4): the commands scripts call in loops run without
+typer or rich, and print exactly what the typer path prints."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import BIN, SPOOL, minimal, run_cli, write_json
+
+ROOT = Path(__file__).resolve().parents[1]
+SECRET = "s3cr3tValue99"
+SECRET_ENV = {"RENDER_API_TOKEN": SECRET}
+#: ``spool`` with every command sent through the typer app (the path before the fast one).
+TYPER = [
+    str(BIN / "python"),
+    "-c",
+    "import sys; sys.argv[0] = 'spool'; from spool.cli import typer_main; typer_main()",
+]
+
+
+def _imports(*args: str) -> set[str]:
+    """The top-level modules a real ``spool ARGS`` imports (python -X importtime)."""
+    proc = subprocess.run(
+        [str(BIN / "python"), "-X", "importtime", SPOOL, *args], capture_output=True, text=True, timeout=60
+    )
+    names = set()
+    for line in proc.stderr.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            names.add(line.rsplit("|", 1)[1].strip().split(".")[0])
+    assert names, proc.stderr
+    return names
+
+
+def _both(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[str], ...]:
+    """``spool ARGS`` through the fast path and through typer."""
+    full_env = {**os.environ, **(env or {})}
+    return tuple(
+        subprocess.run([*front, *args], capture_output=True, text=True, env=full_env, timeout=60)
+        for front in ([SPOOL], TYPER)
+    )
+
+
+def _job(tree, assets, name: str = "lean") -> str:
+    path = write_json(tree.root.parent / f"{name}.json", minimal(assets, name=name))
+    return run_cli("submit", str(path), spool=tree, check=True).stdout.strip()
+
+
+def test_status_ls_show_and_submit_never_import_typer_and_json_never_rich(tree, assets):
+    job = _job(tree, assets)
+    sub = write_json(tree.root.parent / "again.json", minimal(assets, name="again"))
+    spool = ("--spool", str(tree.root))
+    framework = {"typer", "rich", "click"}
+    for args in (("status", "--json"), ("ls", "pending"), ("ls", "--json")):
+        loaded = _imports(*args, *spool)
+        assert not loaded & framework, (args, loaded & framework)
+    # show and submit decode job files, which loads every job kind: the generation
+    # kind's provider clients import httpx, and httpx imports click and rich for a CLI
+    # of its own. typer, the help renderer, stays out all the same.
+    for args in (("show", job, "--json"), ("submit", str(sub))):
+        assert "typer" not in _imports(*args, *spool), args
+    human = _imports("status", *spool)
+    assert "rich" in human and "typer" not in human  # rich lays out what people read
+
+
+def test_fast_commands_print_what_typer_prints(tree, assets):
+    job = _job(tree, assets)
+    spool = ("--spool", str(tree.root))
+    for args in (
+        ("ls", *spool),
+        ("ls", "pending", "--json", *spool),
+        ("ls", "nonsense", *spool),  # exit 2, one line
+        ("ls", "nonsense", "--json", *spool),
+        ("show", job, "--json", *spool),
+        ("show", "nobody@1", "--json", *spool),  # exit 4
+        ("show", job, *spool),  # laid out by rich, into a pipe
+        ("show", "nobody@1", *spool),
+        ("--spool", str(tree.root), "ls", "pending"),
+        ("ls", "--spool", str(tree.root / "pending")),  # not a spool: exit 4
+        ("submit", str(tree.root.parent / "missing.json"), *spool),  # exit 4, nothing filed
+        ("status", "--json", "--spool", str(tree.root.parent / "nowhere")),
+    ):
+        fast, slow = _both(*args)
+        assert (fast.returncode, fast.stdout, fast.stderr) == (slow.returncode, slow.stdout, slow.stderr), (
+            args
+        )
+
+
+def test_status_json_is_the_same_through_both_paths(tree, assets):
+    _job(tree, assets)
+    fast, slow = _both("status", "--json", "--spool", str(tree.root))
+    assert fast.returncode == slow.returncode == 0 and fast.stderr == slow.stderr == ""
+    a, b = json.loads(fast.stdout), json.loads(slow.stdout)
+    for ov in (a, b):  # the clock, the ages and the free disk space move between the two runs
+        for moving in ("generated_at", "oldest_age", "oldest_pending_age", "disk"):
+            ov.pop(moving, None)
+    assert a == b and a["counts"]["pending"] == 1
+
+
+def test_a_rejected_submission_reads_the_same_and_stays_masked(tree, assets):
+    steps = [{"op": SECRET}, {"op": "encode", "preset": "ultrafast"}]
+    bad = write_json(tree.root.parent / "leak.json", minimal(assets, name="leak", steps=steps))
+    for extra in ((), ("--json",)):
+        fast, slow = _both("submit", str(bad), *extra, "--spool", str(tree.root), env=SECRET_ENV)
+        assert fast.returncode == slow.returncode == 2
+        assert SECRET not in fast.stdout + fast.stderr and "[redacted]" in fast.stdout + fast.stderr
+        if not extra:
+            assert fast.stderr == slow.stderr
+        else:  # each rejection is kept under its own name in rejected/
+            a, b = json.loads(fast.stdout)[0], json.loads(slow.stdout)[0]
+            assert a.pop("rejected") != b.pop("rejected") and a == b
+
+
+def test_help_and_unknown_options_still_go_through_typer(tree):
+    helped = run_cli("status", "--help")
+    assert helped.returncode == 0 and "--json" in helped.stdout
+    typo = run_cli("status", "--jsn", spool=tree)
+    assert typo.returncode == 2 and "No such option" in typo.stderr
+
+
+@pytest.mark.slow
+def test_bench_syscalls_smoke_prints_its_rows(tmp_path, request):
+    # About half a minute (five daemons under strace, one of them rendering), so only when
+    # asked for (pytest -m slow); the default suite's bench smoke test prints these rows too.
+    if "slow" not in (request.config.option.markexpr or ""):
+        pytest.skip("tools/bench syscalls --smoke takes half a minute; run it with -m slow")
+    out, disk = tmp_path / "bench.json", str(tmp_path / "disk")
+    proc = subprocess.run(
+        [str(ROOT / "tools" / "bench"), "syscalls", "--smoke", "--json", str(out), "--disk-dir", disk],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["key"]: r for r in json.loads(out.read_text())["rows"]}
+    sys.path.insert(0, str(ROOT / "tools"))
+    from benchlib import syscalls
+
+    assert sorted(rows) == sorted(syscalls.keys("smoke"))
+    assert rows["syscalls.noop.fsyncs"]["spool"] > 0 and rows["syscalls.noop.rename"]["spool"] > 0
