@@ -86,13 +86,33 @@ def _move(tree: Tree, job_id: str, src: str, dst: str, raced: str) -> None:
         raise NotReady(f"{job_id} {raced}")
 
 
-def retry_job(tree: Tree, job_id: str, by: str, journal: Journal) -> None:
+def resubmits_to(tree: Tree, job_id: str) -> str | None:
+    """The provider a retry of ``job_id`` would send a new create request to (a
+    generation job: each create may cost money), or ``None`` for any other kind."""
+    found = load_job(tree, job_id)
+    if found is None:
+        return None
+    spec = getattr(found[0], "generate", None)  # duck-typed: spool.kinds imports this module
+    return spec.provider if spec is not None else None
+
+
+def retry_job(tree: Tree, job_id: str, by: str, journal: Journal, *, resubmit: bool = False) -> None:
     """failed -> pending: same job file and recipe, a new attempt at the next claim.
     The workers blocked from it (host-class failures) may take it again: the
-    operator says the hosts were fixed."""
+    operator says the hosts were fixed.
+
+    A generation job's new attempt is a new create request at its provider (and
+    may cost), so it is refused unless ``resubmit`` says the caller agreed (``--yes``)."""
     from . import blocklist, retry  # here: `spool status` imports this module and needs neither
 
     _require(tree, job_id, "failed")
+    provider = resubmits_to(tree, job_id)
+    if provider is not None and not resubmit:
+        raise InvalidInput(
+            "--yes",
+            f"{job_id} is a generation job: a retry submits it to provider {provider!r} again "
+            "(a new create request, which may cost); pass --yes to retry it",
+        )
     retry.mark_operator_retry(tree, job_id, by)
     clear_cancel(tree, job_id)
     blocklist.clear(tree, job_id)

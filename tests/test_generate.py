@@ -263,6 +263,32 @@ def test_the_spending_guard_refuses_with_a_located_reason(tree, sim, monkeypatch
     assert creates(sim, "paid twice") == 0
 
 
+def test_retrying_a_generation_job_needs_yes_and_says_it_submits_again(gtree, sim, monkeypatch):
+    prompt = "retry costs #fault=not_video"
+    jid = submit(gtree, gen_sub("gen-retry", prompt))
+    assert run_in_process(gtree, jid, monkeypatch) == "failed"
+    refused = run_cli("retry", jid, spool=gtree)
+    assert refused.returncode == 2 and "--yes" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+    assert state_files(gtree)["failed"] == [f"{jid}.json"]
+    done = run_cli("retry", jid, "--yes", "--json", spool=gtree)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["submits_again"] is True and out["provider"] == "sim" and out["state"] == "pending"
+    assert "again" in done.stderr and "'sim'" in done.stderr
+    assert run_in_process(gtree, jid, monkeypatch) == "failed"
+    assert creates(sim, prompt) == 2  # the retry was a new create request, as it warned
+
+
+def test_retrying_a_render_job_needs_no_yes(tree, assets):
+    (tree.root / "failed").mkdir(exist_ok=True)
+    jid = submit(tree, minimal(assets))
+    os.rename(tree.job_file("pending", jid), tree.job_file("failed", jid))
+    r = run_cli("retry", jid, "--json", spool=tree)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"job_id": jid, "state": "pending"} and r.stderr == ""
+
+
 # -- the daemon ---------------------------------------------------------------------------
 
 

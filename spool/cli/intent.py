@@ -14,7 +14,7 @@ from ..decoding import parse_json
 from ..errors import InvalidInput, SpoolError
 from ..events import Journal, cli_writer
 from ..tree import Tree
-from .common import JsonOpt, SpoolOpt, app, fail, open_spool, open_tree, print_json
+from .common import JsonOpt, SpoolOpt, app, echo, fail, open_spool, open_tree, print_json
 
 JobArg = Annotated[str, typer.Argument(help="Job ID (name@revision).")]
 ByOpt = Annotated[str | None, typer.Option("--by", help="Who does this (default: your user name).")]
@@ -47,11 +47,41 @@ def _move(
 
 
 @app.command("retry")
-def retry_cmd(job: JobArg, by: ByOpt = None, spool: SpoolOpt = None, as_json: JsonOpt = False) -> None:
-    """Send a failed job back to pending: same job file and recipe, a new attempt."""
+def retry_cmd(
+    job: JobArg,
+    yes: Annotated[
+        bool,
+        typer.Option("--yes", help="Retry a generation job although it submits to its provider again."),
+    ] = False,
+    by: ByOpt = None,
+    spool: SpoolOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Send a failed job back to pending: same job file and recipe, a new attempt.
+
+    A generation job's retry is a new create request at its provider (it may cost):
+    it needs --yes."""
     from .. import intent  # here: spool starts faster without it
 
-    _move(intent.retry_job, job, by, spool, as_json, "pending", "pending (retry)")
+    tree, _, journal = _journal(spool, as_json)
+    try:
+        provider = intent.resubmits_to(tree, job)
+        intent.retry_job(tree, job, by or getpass.getuser(), journal, resubmit=yes)
+    except SpoolError as exc:
+        raise fail(exc, as_json) from None
+    if provider is not None:
+        echo(
+            f"spool: warning: {job} will be submitted to provider {provider!r} again "
+            "(a new create request, which may cost)",
+            err=True,
+        )
+    if as_json:
+        out: dict[str, object] = {"job_id": job, "state": "pending"}
+        if provider is not None:
+            out |= {"submits_again": True, "provider": provider}
+        print_json(out)
+    else:
+        typer.echo(f"{job}: pending (retry)")
 
 
 @app.command()
