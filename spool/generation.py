@@ -57,6 +57,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -96,6 +97,23 @@ CHECK_PROVIDER = "check the provider; spool retry submits again"
 
 class Conflict(SpoolError):
     """Another contender won this transition (or it is not allowed from the current state)."""
+
+    def __init__(self, *args: object) -> None:
+        global _conflicts
+        with _conflicts_lock:
+            _conflicts += 1
+        super().__init__(*args)
+
+
+#: Compare-and-set conflicts this process has met (each :class:`Conflict`), for metrics.
+_conflicts = 0
+_conflicts_lock = threading.Lock()
+
+
+def conflicts() -> int:
+    """Compare-and-set conflicts this process has met since it started."""
+    with _conflicts_lock:
+        return _conflicts
 
 
 class Intent(Record, kw_only=True):
@@ -205,6 +223,22 @@ def _load(path: Path) -> StateRecord | None:
         return None
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None  # a half-written record cannot be visible (link of a whole file); ignore junk
+
+
+def current_state(gen: Path) -> str | None:
+    """The attempt's state from one listing of ``gen/`` (markers only; no record is
+    read): cheap enough to call for every running job. ``None``: not a generation
+    attempt, or one that never began."""
+    try:
+        names = os.listdir(gen)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    markers = sorted(
+        ((int(m.group("k")), m.group("state")) for n in names if (m := _MARKER.match(n))), reverse=True
+    )
+    if markers:
+        return markers[0][1]
+    return "submitted" if record_name("submitted") in names else None
 
 
 def read(gen: Path) -> View:

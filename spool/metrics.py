@@ -197,13 +197,54 @@ def queue_families(tree: Tree, worker: str, now: float) -> list[Family]:
         except FileNotFoundError:
             continue
         beats.add(round(max(0.0, now - mtime), 3), worker=worker, peer=rec.worker)
+    gens = Family(
+        "spool_generation_attempts",
+        "gauge",
+        "Running generation jobs by the state of their current attempt (submitted ... failed).",
+    )
+    rows = [{"job_id": jid, "attempt": overview.latest_attempt(tree, jid)} for jid, _, _ in scan.running]
+    by_state = overview.generation_states(tree, rows)
+    from .generation import ORDER  # here: only this gauge needs the generation states
+
+    for state in ORDER:
+        gens.add(by_state.get(state, 0), worker=worker, state=state)
     written = Family(
         "spool_metrics_written_timestamp_seconds", "gauge", "When this worker last wrote its metrics file."
     )
     written.add(round(now, 3), worker=worker)
     from .library import families as library_families  # the asset library (SPEC 9)
 
-    return [jobs, oldest, beats, written, *library_families(tree, worker)]
+    return [jobs, oldest, beats, gens, written, *library_families(tree, worker)]
+
+
+#: The generation driver's counters: (family, help, key in its counts).
+GENERATION_COUNTERS = (
+    ("spool_generation_polls_total", "Status requests (polls) this worker sent.", "polls"),
+    ("spool_generation_creates_total", "Create requests (each may cost) this worker sent.", "creates"),
+    ("spool_generation_rate_limited_total", "HTTP 429 answers this worker got.", "rate_limited"),
+    ("spool_generation_retrieved_bytes_total", "Bytes of generated output downloaded and verified.", "bytes"),
+    ("spool_generation_checksum_failures_total", "Downloads whose sha-256 did not match.", "checksum"),
+    ("spool_generation_provider_errors_total", "Provider errors of any kind (429s included).", "errors"),
+)
+
+
+def generation_families(
+    worker: str, by_provider: dict[str, dict[str, int]], cas_conflicts: int
+) -> list[Family]:
+    """The generation driver's counters (:meth:`spoold.generations.Generations.counters`)."""
+    fams = []
+    for name, help_, key in GENERATION_COUNTERS:
+        fam = Family(name, "counter", help_)
+        for provider, counts in sorted(by_provider.items()):
+            fam.add(counts.get(key, 0), worker=worker, provider=provider)
+        fams.append(fam)
+    cas = Family(
+        "spool_generation_cas_conflicts_total",
+        "counter",
+        "Generation state transitions this worker lost to another contender (compare-and-set conflicts).",
+    )
+    cas.add(cas_conflicts, worker=worker)
+    return [*fams, cas]
 
 
 # -- the text format ------------------------------------------------------------------------

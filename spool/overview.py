@@ -296,6 +296,21 @@ def running_rows(tree: Tree, scan: QueueScan) -> list[dict[str, Any]]:
     return rows
 
 
+def generation_states(tree: Tree, running: list[dict[str, Any]]) -> dict[str, int]:
+    """Attempts per generation state (``submitted`` ... ``failed``) across the
+    running jobs that are generations: one listing of each one's ``gen/``."""
+    from . import generation  # here: only the generation block needs it
+
+    counts: dict[str, int] = {}
+    for row in running:
+        if row["attempt"] is None:
+            continue
+        state = generation.current_state(generation.gen_dir(tree.attempt_dir(row["job_id"], row["attempt"])))
+        if state is not None:
+            counts[state] = counts.get(state, 0) + 1
+    return {s: counts[s] for s in generation.ORDINAL if s in counts}
+
+
 def last_failure(tree: Tree, job_id: str) -> Failure | None:
     """The failure record of the job's latest attempt that has one."""
     for n in reversed(attempt_numbers(tree, job_id)):
@@ -578,6 +593,7 @@ def overview(
     rejected = rejected_rows(tree, scan)
     workers = worker_rows(tree, cfg, now, running)
     disk = disk_state(tree)
+    gens = generation_states(tree, running)
     return {
         "spool": str(tree.root),
         "generated_at": now,
@@ -595,6 +611,7 @@ def overview(
         "workers": workers,
         "recent": recent_outputs(tree, recent),
         "library": _library_stats(tree),
+        **({"generations": gens} if gens else {}),  # only while generations run
     }
 
 

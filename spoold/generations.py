@@ -164,6 +164,24 @@ class Generations:
             p.close()
         gk.set_driver(None)
 
+    def counters(self) -> dict[str, dict[str, int]]:
+        """What the driver's provider clients did, per provider: polls, creates,
+        rate_limited (429s), bytes (retrieved and verified), checksum (mismatches),
+        errors (every provider error). Counters since the daemon started."""
+        out = {}
+        for name, p in list(self._providers.items()):
+            c = p.counted()
+            errors = {k.removeprefix("error."): n for k, n in c.items() if k.startswith("error.")}
+            out[name] = {
+                "polls": c.get("call.get", 0),
+                "creates": c.get("call.create", 0),
+                "rate_limited": errors.get("rate_limited", 0),
+                "bytes": c.get("bytes", 0),
+                "checksum": errors.get("checksum", 0),
+                "errors": sum(errors.values()),
+            }
+        return out
+
     # -- the loop ----------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.is_set():

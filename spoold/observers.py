@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from spool import metrics, overview, thumbs
+from spool import generation, metrics, overview, thumbs
 from spool.model import Event, Manifest
 from spool.status import read
 from spool.tree import make_dirs
@@ -66,6 +66,9 @@ class Metrics(Hook):
             daemon.quarantined is not None,
         )
         fams += metrics.queue_families(daemon.tree, daemon.worker, overview.clock(daemon.tree))
+        fams += metrics.generation_families(
+            daemon.worker, daemon.generations.counters(), generation.conflicts()
+        )
         metrics.write(self.path, fams)
 
 

@@ -325,6 +325,54 @@ def test_a_waiting_generation_holds_no_render_slot(gtree, sim, assets, daemons):
     assert d.wait(timeout=30) == 0
 
 
+def _gen_metrics(tree: Tree) -> dict[tuple[str, str], float]:
+    """``(family, state or provider) -> value`` of the generation series in the daemon's metrics file."""
+    from spool import metrics
+
+    out = {}
+    for path in (tree.root / "metrics").glob("spool-*.prom"):
+        for fam in metrics.parse(path.read_text()):
+            for smp in fam.samples:
+                if smp.name.startswith("spool_generation_"):
+                    out[(smp.name, smp.labels.get("state") or smp.labels.get("provider", ""))] = smp.value
+    return out
+
+
+def test_status_and_metrics_show_generations_by_state_and_the_drivers_counters(gtree, sim, daemons):
+    settings.write(gtree.config_file, {"observe": {"metrics_interval": 0.2}})
+    jid = submit(gtree, gen_sub("gen-watched", "watched #fault=work:3 #fault=ratelimit:2:0.1"))
+    d = daemons(gtree, env=ENV)
+
+    def status() -> dict[str, Any]:
+        return json.loads(run_cli("status", "--json", spool=gtree, check=True).stdout)
+
+    wait_for(lambda: status().get("generations") == {"generating": 1}, timeout=30)
+    assert "generations: generating 1" in run_cli("status", spool=gtree, check=True).stdout
+    wait_for(lambda: _gen_metrics(gtree).get(("spool_generation_attempts", "generating")) == 1, timeout=30)
+    wait_for(lambda: gtree.job_file("complete", jid).exists(), timeout=30)
+    assert "generations" not in status()  # nothing running: no block
+    size = read(gtree.manifest_file(jid), Manifest).output.size
+
+    def counted() -> bool:
+        m = _gen_metrics(gtree)
+        return m.get(("spool_generation_retrieved_bytes_total", "sim")) == size
+
+    wait_for(counted, timeout=30)
+    m = _gen_metrics(gtree)
+    assert (
+        m[("spool_generation_creates_total", "sim")]
+        == 1
+        == creates(sim, "watched #fault=work:3 #fault=ratelimit:2:0.1")
+    )
+    assert m[("spool_generation_rate_limited_total", "sim")] == 2
+    assert m[("spool_generation_polls_total", "sim")] >= 3  # two 429s, then at least one answer
+    assert m[("spool_generation_provider_errors_total", "sim")] >= 2
+    assert m[("spool_generation_checksum_failures_total", "sim")] == 0
+    assert m[("spool_generation_attempts", "generating")] == 0
+    d.signal(15)
+    assert d.wait(timeout=30) == 0
+
+
 @pytest.mark.parametrize(
     "point",
     [

@@ -120,6 +120,9 @@ def status_view(ov: dict[str, Any]) -> Group:
             )
         )
 
+    if gens := ov.get("generations"):  # attempts per state of the running generation jobs
+        parts.append(Text("  generations: " + ", ".join(f"{s} {n:,}" for s, n in gens.items()), style="dim"))
+
     if ov["running"]:
         parts.append(Text("\nRunning", style="bold"))
         table = Table.grid(padding=(0, 1))

@@ -27,8 +27,10 @@ import binascii
 import email.utils
 import hashlib
 import os
+import threading
 import time
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
@@ -230,6 +232,19 @@ class Provider(ABC):
     def __init__(self, config: ProviderConfig) -> None:
         self.config = config
         self.name = config.name
+        #: What this client did, for the daemon's metrics: ``call.<operation>``
+        #: (requests sent), ``error.<code>`` (each :class:`ProviderError`), ``bytes``
+        #: (downloaded and verified). Only ever grows.
+        self.counts: Counter[str] = Counter()
+        self._counts_lock = threading.Lock()
+
+    def count(self, what: str, n: int = 1) -> None:
+        with self._counts_lock:
+            self.counts[what] += n
+
+    def counted(self) -> dict[str, int]:
+        with self._counts_lock:
+            return dict(self.counts)
 
     @abstractmethod
     def create(self, model: str, input: dict[str, Any], key: str) -> RemoteJob:
@@ -303,6 +318,7 @@ class HttpProvider(Provider):
         return self._mask(body)
 
     def error(self, operation: str, problem: str, **kw: Any) -> ProviderError:
+        self.count(f"error.{kw.get('code', 'http')}")
         return ProviderError(self.name, operation, self._mask(problem), **kw)
 
     # -- requests ----------------------------------------------------------------
@@ -321,6 +337,7 @@ class HttpProvider(Provider):
         ``creates`` marks a request that may cost money: a failure after the
         request could have been sent is ``ambiguous``, not ``retryable``.
         """
+        self.count(f"call.{operation}")
         try:
             resp = self._client.request(method, path, json=body, params=params)
         except httpx.ConnectError as exc:
@@ -458,6 +475,7 @@ class HttpProvider(Provider):
                             code="checksum",
                             next_action="spool downloads again from the same URL",
                         )
+                self.count("bytes", size)
                 return Downloaded(
                     path=str(dest),
                     size=size,

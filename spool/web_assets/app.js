@@ -91,10 +91,14 @@
       }
     }
 
-    $("running").replaceChildren(d.running.length
-      ? table(["job", "worker", "progress", "fps", "speed", "ETA", "for"],
-        d.running.map((r) => [jobLink(r.job_id), r.worker, ...progressCells(r.progress), ago(r.seconds)]))
-      : empty("Nothing is running."));
+    // Attempts per state of the running generation jobs (the key is there only while some run).
+    const gens = d.generations ? Object.entries(d.generations) : [];
+    $("running").replaceChildren(
+      gens.length ? h("p", { class: "dim", id: "generations" }, "generations: " + gens.map(([s, n]) => `${s} ${n}`).join(", ")) : "",
+      d.running.length
+        ? table(["job", "worker", "progress", "fps", "speed", "ETA", "for"],
+          d.running.map((r) => [jobLink(r.job_id), r.worker, ...progressCells(r.progress), ago(r.seconds)]))
+        : empty("Nothing is running."));
 
     const more = [];
     for (const s of ["failed", "rejected"]) {
