@@ -33,6 +33,7 @@ from pathlib import Path
 import invariants
 import pytest
 from conftest import minimal, run_cli, wait_for, write_json
+from provsim import ProviderSim
 
 from spool import accept, config, doctor, liveness, records, settings, status
 from spool import tree as tree_mod
@@ -344,6 +345,84 @@ def test_interrupt_on_one_mount_and_recover_from_the_other(nas, daemons):
     rec = json.loads((server.attempt_dir("crashy@1", manifest["attempt"]) / "attempt.json").read_text())
     assert rec["worker"] in (f"{HOST}-nas-b", f"{HOST}-recover")
     assert any("recovery" in (e.get("reason") or "") for e in _events(server))
+
+
+# -- generation jobs: one create request in total, whoever wins ------------------------
+
+GEN_TOKEN = "r8_NasGenToken_0c9b1f3e5a7d"
+GEN_ENV = {"SPOOL_TEST_NAS_GEN_TOKEN": GEN_TOKEN}
+
+
+@pytest.fixture(scope="module")
+def gen_sim() -> Iterator[ProviderSim]:
+    with ProviderSim(token=GEN_TOKEN, work=1.0) as s:
+        yield s
+
+
+def _gen_spool(nas: Nas, name: str, sim: ProviderSim) -> tuple[Tree, Tree, Tree]:
+    server, a, b = nas.spool(name)
+    with open(server.config_file, "a") as f:
+        f.write(
+            f'\n[providers.sim]\nkind = "replicate"\nbase_url = "{sim.url}"\n'
+            'token_env = "SPOOL_TEST_NAS_GEN_TOKEN"\nrequest_timeout = 2.0\nin_flight = 8\ndeadline = 120\n'
+            "[providers.sim.polling]\nfirst = 0.2\nbase = 0.2\nceiling = 0.5\nfloor = 0.05\n"
+        )
+    return server, a, b
+
+
+def _submit_gen(server: Tree, name: str, prompt: str) -> str:
+    sub = {
+        "name": name,
+        "operation": "generate",
+        "generate": {"provider": "sim", "model": "acme/video-1", "input": {"prompt": prompt}},
+        "output": {"expect": {"width": 320, "height": 180}},
+        "tags": TAGS,
+    }
+    return accept.accept_bytes(server, config.load(server.config_file), json.dumps(sub).encode(), "t").job_id
+
+
+def _sim_creates(sim: ProviderSim, prompt: str) -> int:
+    return sum(1 for j in list(sim.state.jobs.values()) if j.input.get("prompt") == prompt and not j.hidden)
+
+
+def test_two_daemons_on_two_mounts_make_one_create_per_generation(nas, daemons, gen_sim):
+    server, a, b = _gen_spool(nas, "genrace", gen_sim)
+    prompts = {_submit_gen(server, f"race{i}", f"nas race {i}"): f"nas race {i}" for i in range(6)}
+    da = _daemon(daemons, a, "nas-a", drain=True, env=GEN_ENV)
+    db = _daemon(daemons, b, "nas-b", drain=True, env=GEN_ENV)
+    assert da.wait(timeout=180) == 0, da.output()[-3000:]
+    assert db.wait(timeout=180) == 0, db.output()[-3000:]
+    assert sorted(p.name for p in server.complete.iterdir()) == sorted(f"{j}.json" for j in prompts)
+    assert {jid: _sim_creates(gen_sim, p) for jid, p in prompts.items()} == dict.fromkeys(prompts, 1)
+    claimed = [e for e in _events(server) if e["to"] == "running"]
+    assert Counter(e["job"] for e in claimed) == Counter(list(prompts))  # each claimed once
+    print(f"generation claims by worker: {dict(Counter(e['worker'] for e in claimed))}")
+    assert invariants.check(server.root) == []
+
+
+def test_a_killed_generation_recovered_across_mounts_and_raced_for_is_created_once(nas, daemons, gen_sim):
+    """Mount A's daemon dies with the generation waiting at the provider; an operator
+    on mount B recovers it; both daemons then race for it: the winner adopts the
+    provider job of attempt 1 instead of sending a second create."""
+    server, a, b = _gen_spool(nas, "gencontend", gen_sim)
+    prompt = "nas contended #fault=work:3"
+    jid = _submit_gen(server, "contended", prompt)
+    crash = _daemon(daemons, a, "nas-a", env={**GEN_ENV, "SPOOL_CRASH_AT": "after_gen_generating"})
+    assert crash.wait(timeout=60) == -9, crash.output()[-3000:]
+    out = run_cli("recover", "--worker", f"{HOST}-nas-a", "--json", spool=b, check=True).stdout
+    assert json.loads(out)["done"][0]["job_id"] == jid
+    da = _daemon(daemons, a, "nas-a", drain=True, env=GEN_ENV)
+    db = _daemon(daemons, b, "nas-b", drain=True, env=GEN_ENV)
+    assert da.wait(timeout=120) == 0, da.output()[-3000:]
+    assert db.wait(timeout=120) == 0, db.output()[-3000:]
+    assert (server.complete / f"{jid}.json").exists()
+    assert _sim_creates(gen_sim, prompt) == 1
+    n = json.loads(server.manifest_file(jid).read_text())["attempt"]
+    assert n >= 2
+    first = json.loads((server.attempt_dir(jid, 1) / "gen" / "2-generating.json").read_text())
+    last = json.loads((server.attempt_dir(jid, n) / "gen" / "2-generating.json").read_text())
+    assert first["provider_job_id"] == last["provider_job_id"]
+    assert invariants.check(server.root) == []
 
 
 @pytest.mark.torture
