@@ -1,7 +1,8 @@
 """Typed overrides of ``spool.toml``: how tests, benchmarks and tools configure a spool.
 
 Overrides are plain nested mappings, section -> key -> value, for example
-``{"daemon": {"poll_interval": 0.2}, "limits": {"max_attempts": 2}}``. Every
+``{"daemon": {"poll_interval": 0.2}, "limits": {"max_attempts": 2}}`` (``{"providers":
+{"sim": {...}}}`` adds or replaces a whole ``[providers.sim]`` table). Every
 section and key is checked against :class:`spool.config.Config` before
 anything is written, so a renamed or misspelt setting fails loudly here
 instead of leaving a default silently in force (which is what editing the
@@ -56,6 +57,8 @@ def check(overrides: Overrides) -> None:
             )
         if not isinstance(values, Mapping):
             raise SettingsError(f"[{section}] must be a table of key = value, not {type(values).__name__}")
+        if not isinstance(sections[section], type):
+            continue  # a table of named tables ([providers.<name>]): the loader checks each
         keys = _fields(sections[section])
         for key in values:
             if key not in keys:

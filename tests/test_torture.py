@@ -1,7 +1,8 @@
 """The kill -9 torture run, bounded for CI: real renders, real daemons, real SIGKILLs.
 
 The long run (``tools/torture --jobs 300 --kills 100``) is the same code with
-bigger numbers; its figures are quoted in the issue's closing note.
+bigger numbers; its figures are quoted in the issue's closing note. Three
+generation jobs against tools/provsim.py are mixed in (``--generate``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def test_bounded_torture_run_loses_nothing(tmp_path):
     kills = os.environ.get("SPOOL_TORTURE_KILLS", "10")
     proc = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "torture.py"), "--jobs", jobs, "--kills", kills,
-         "--seed", "11", "--keep", str(tmp_path / "run"), "--json"],
+         "--seed", "11", "--generate", "3", "--keep", str(tmp_path / "run"), "--json"],
         capture_output=True, text=True, timeout=900,
         env={**os.environ, "PYTHONPATH": str(ROOT / "tools")},
     )  # fmt: skip
@@ -38,4 +39,8 @@ def test_bounded_torture_run_loses_nothing(tmp_path):
     assert f["damaged_not_quarantined"] == 0  # every damaged file dropped into pending/ ends in quarantine/
     assert f["complete"] + f["failed"] == f["jobs"]
     assert f["kills"] >= 1
+    # generation jobs mixed in: each ends, and no attempt sent a second create
+    assert f["generations"] == 3
+    assert f["generation_complete"] + f["generation_failed"] == 3
+    assert 3 <= f["generation_creates"] <= f["generation_attempts"], f
     assert proc.returncode == 0

@@ -1,7 +1,7 @@
 """The kill -9 torture run: many short real renders, daemons and FFmpeg killed at random.
 
     tools/torture [--jobs N] [--kills K] [--workers W] [--seed S] [--keep DIR]
-                  [--mounts A,B,... [--export DIR]]
+                  [--generate G] [--mounts A,B,... [--export DIR]]
 
 It makes a spool with tiny real media, submits N jobs (most render, some are
 meant to fail validation), starts W daemons and then, K times, kills with
@@ -11,6 +11,12 @@ child, at random moments; some daemon lives are started with
 restarted under the same identity. Then every daemon is restarted to drain,
 ``spool recover`` runs for good measure, and the spool is checked by
 ``spool fsck`` and by tools/invariants.py, which shares no code with spool.
+
+With ``--generate G``, G generation jobs are mixed in, against tools/provsim.py
+run in this process (``[providers.sim]`` in the spool): the same kills hit
+them between their durable states, and the run also checks that the
+simulator got no more create requests than the generation attempts that
+began (a restart or recovery never sends a second create for one attempt).
 
 It prints one line of figures and exits 0 only if no job was lost, none was
 published twice, no partial file sits at a final path and both checks are
@@ -147,11 +153,28 @@ class Layout:
     logs: Path
 
 
+#: The environment variable the spool's ``[providers.sim]`` reads its token from.
+GEN_TOKEN_ENV = "SPOOL_TORTURE_GEN_TOKEN"
+
+
 def run(args: argparse.Namespace) -> dict[str, object]:
+    if not args.generate:
+        return _run(args, None)
+    from provsim import ProviderSim
+
+    token = f"torture-{os.getpid()}-{random.Random(args.seed).getrandbits(64):016x}"
+    os.environ[GEN_TOKEN_ENV] = token  # the daemons inherit it; it is never written to the spool
+    with ProviderSim(token=token, work=1.0) as sim:
+        return _run(args, sim)
+
+
+def _run(args: argparse.Namespace, sim: Any) -> dict[str, object]:
     rng = random.Random(args.seed)
     lay = _layout(args)
     _make_spool(lay, args.max_attempts)
     ids = _submit(lay, args.jobs, rng)
+    gen_ids = _submit_generations(lay, args.generate, sim) if sim is not None else []
+    ids += gen_ids
     started = time.monotonic()
     workers = [Worker(lay.views[k % len(lay.views)], f"w{k}", lay.logs) for k in range(args.workers)]
     for w in workers:
@@ -183,7 +206,11 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "details": {k: found[k][:10] for k in ("lost", "double", "fsck", "independent")},
     }
     figures["mounts"] = [str(v) for v in lay.views] if args.mounts else []
+    if sim is not None:
+        figures |= _generation_figures(lay.spool, gen_ids, sim)
+    figures["jobs"] = len(ids)
     clean = not any(found[k] for k in ("lost", "double", "partial", "fsck", "independent"))
+    clean = clean and not figures.get("generation_creates_over_attempts")
     if not args.keep and clean:
         shutil.rmtree(lay.base, ignore_errors=True)
         if args.mounts:
@@ -240,6 +267,58 @@ def _submit(lay: Layout, jobs: int, rng: random.Random) -> list[str]:
         os.rename(tmp, lay.spool / "incoming" / f"t{i:04d}.json")
         ids.append(f"t{i:04d}@1")
     return ids
+
+
+def _submit_generations(lay: Layout, n: int, sim: Any) -> list[str]:
+    """Configure the simulator as ``[providers.sim]`` and drop ``n`` generation jobs."""
+    settings.write(
+        lay.spool / "spool.toml",
+        {
+            "providers": {
+                "sim": {
+                    "kind": "replicate",
+                    "base_url": sim.url,
+                    "token_env": GEN_TOKEN_ENV,
+                    "request_timeout": 2.0,
+                    "in_flight": 8,
+                    "deadline": 60.0,
+                    "polling": {"first": 0.2, "base": 0.2, "ceiling": 0.5, "floor": 0.05},
+                }
+            }
+        },
+    )
+    ids = []
+    for i in range(n):
+        sub = {
+            "name": f"g{i:04d}",
+            "operation": "generate",
+            "generate": {"provider": "sim", "model": "acme/video-1", "input": {"prompt": f"torture {i}"}},
+            "output": {"expect": {"width": 320, "height": 180}},
+            "tags": TAGS,
+        }
+        tmp = lay.spool / "incoming" / f"g{i:04d}.json.tmp"
+        tmp.write_text(json.dumps(sub))
+        os.rename(tmp, lay.spool / "incoming" / f"g{i:04d}.json")
+        ids.append(f"g{i:04d}@1")
+    return ids
+
+
+def _generation_figures(spool: Path, ids: list[str], sim: Any) -> dict[str, object]:
+    """Create requests the simulator made jobs for, against the generation attempts that
+    began (an intent on disk): one attempt never creates twice, so creates <= attempts."""
+    prompts = {f"torture {int(j[1:5])}" for j in ids}
+    made = list(sim.state.jobs.values())  # the server thread may still add to it
+    creates = sum(1 for j in made if j.input.get("prompt") in prompts and not j.hidden)
+    attempts = sum(1 for j in ids for _ in (spool / "attempts" / j).glob("*/gen/1-submitted.json"))
+    states = Counter(_state(spool, j) for j in ids)
+    return {
+        "generations": len(ids),
+        "generation_complete": states["complete"],
+        "generation_failed": states["failed"],
+        "generation_attempts": attempts,
+        "generation_creates": creates,
+        "generation_creates_over_attempts": max(0, creates - attempts),
+    }
 
 
 def _kill_at_random(
@@ -391,6 +470,9 @@ def main() -> int:
         help="comma-separated mounts of one shared folder: the spool lives there, worker k on mount k",
     )
     ap.add_argument("--export", help="with --mounts: the same folder on the file server (setup, checks)")
+    ap.add_argument(
+        "--generate", type=int, default=0, help="generation jobs mixed in, against tools/provsim.py"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     f = run(args)
@@ -422,6 +504,7 @@ def main() -> int:
         or f["fsck_problems"]
         or f["independent_problems"]
         or f["damaged_not_quarantined"]
+        or f.get("generation_creates_over_attempts")
     )
     return 1 if bad else 0
 
