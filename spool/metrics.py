@@ -170,9 +170,12 @@ class WorkerCounters:
         return fams + ([cap_fam, use_fam] if pools else [])
 
 
-def queue_families(tree: Tree, worker: str, now: float) -> list[Family]:
-    """Gauges of the whole queue as ``worker`` sees it at ``now`` (file-server time)."""
-    scan = overview.scan_queue(tree, now, keep=0)
+def queue_families(
+    tree: Tree, worker: str, now: float, known_pending: tuple[int, float | None] | None = None
+) -> list[Family]:
+    """Gauges of the whole queue as ``worker`` sees it at ``now`` (file-server time);
+    a daemon passes what its index knows of ``pending/`` (see overview.scan_queue)."""
+    scan = overview.scan_queue(tree, now, keep=0, known_pending=known_pending)
     jobs = Family("spool_jobs", "gauge", "Jobs per state (rejected: submissions), from directory scans.")
     for state, n in scan.counts.items():
         jobs.add(n, worker=worker, state=state)

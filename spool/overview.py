@@ -173,20 +173,33 @@ SAMPLE = LARGE_QUEUE
 FRESH_HEARTBEAT = 60.0
 
 
-def scan_queue(tree: Tree, now: float, keep: int = 10, *, exact: bool = False) -> QueueScan:
+def scan_queue(
+    tree: Tree,
+    now: float,
+    keep: int = 10,
+    *,
+    exact: bool = False,
+    known_pending: tuple[int, float | None] | None = None,
+) -> QueueScan:
     """Counts (names only) and ages of the whole queue.
 
     The cost never grows with ``pending/`` beyond its listing (on a NAS, one
     round trip per stat): the oldest pending age is exact up to LARGE_QUEUE jobs,
     then taken from live daemons' heartbeats, else from a sample of SAMPLE stats
-    (a lower bound). ``exact`` stats every pending file instead.
+    (a lower bound). ``exact`` stats every pending file instead. A daemon that
+    already knows ``pending/`` from its index passes ``known_pending`` (count,
+    oldest submission time): then the folder is not listed at all.
     """
     incoming = _scan(tree.incoming, stat=True)
     # Drops a worker has taken (renamed to .accepting.<worker>.<name>) but not yet
     # accepted or rejected are still incoming: a full disk can hold them there.
     incoming.count += _count_prefix(tree.incoming, ".accepting.")
     source = "exact"
-    if exact:
+    if known_pending is not None:
+        pending = _Scan()
+        pending.count, pending.oldest = known_pending
+        stated, source = 0, "workers"
+    elif exact:
         pending = _scan(tree.pending, stat=True)
         stated = pending.count
     else:

@@ -41,7 +41,7 @@ class Metrics(Hook):
             return
         make_dirs(folder)
         self.path = metrics.file_for(folder, daemon.worker)
-        self.write(daemon)
+        self._due = 0.0  # the first tick writes, once the index has listed pending/
 
     def event(self, daemon: Daemon, event: Event) -> None:
         self.counters.observe(event)
@@ -65,7 +65,12 @@ class Metrics(Hook):
             daemon.pools.usage(),
             daemon.quarantined is not None,
         )
-        fams += metrics.queue_families(daemon.tree, daemon.worker, overview.clock(daemon.tree))
+        # pending/ as the daemon's index knows it: listing a big queue on a NAS every
+        # metrics_interval cost a core's percent (issue 17); while the index is still
+        # reading a backlog, its count is the listed names.
+        index = daemon.index
+        known = (len(index) + index.backlog, index.oldest_submitted())
+        fams += metrics.queue_families(daemon.tree, daemon.worker, overview.clock(daemon.tree), known)
         fams += metrics.generation_families(
             daemon.worker, daemon.generations.counters(), generation.conflicts()
         )

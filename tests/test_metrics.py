@@ -188,6 +188,8 @@ def test_hook_counts_what_the_daemon_counts(tree):
         "y@1", "complete", from_="running", bytes=1000, render_seconds=42.0, validate_seconds=0.3
     )
     hook.started(d)
+    assert not (tree.root / "metrics" / "spool-probe.prom").exists()  # the first tick writes
+    hook.tick(d)
     series = strict_parse((tree.root / "metrics" / "spool-probe.prom").read_text())
     assert values(series, "spool_claim_conflicts_total") == [3]
     assert values(series, "spool_validation_failures_total", check="fps") == [1]
