@@ -132,15 +132,11 @@ def steady_state(server: Path, mount: Path, window: float) -> dict[str, float]:
     from spool.tree import Tree
     from spool.workers import worker_id
 
-    from .common import configure
-
     worker = worker_id("nasidle")
     tree = Tree.at(server)
     health.quarantine(tree, worker, "benchmark: index only", [])
-    # The index's own cost: metrics off (the metrics hook lists the whole queue
-    # every metrics_interval for its gauges; that is another figure).
-    settings = tree.config_file.read_text()
-    tree.config_file.write_text(configure(settings, {"observe": {"metrics_dir": ""}}))
+    # The default daemon, metrics on: its metrics take pending/ from the index, so
+    # this is the index's cost plus the hook's listings of the small folders.
     proc = start(
         [SPOOLD, "run", "--spool", str(mount), "--worker", "nasidle"], log_path=server.parent / "idle.log"
     )
