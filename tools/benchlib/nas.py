@@ -164,7 +164,6 @@ def steady_state(server: Path, mount: Path, window: float) -> dict[str, float]:
     finally:
         stop(proc, signal.SIGTERM, timeout=60)
         (tree.workers / f"{worker}.quarantined").unlink(missing_ok=True)
-        tree.config_file.write_text(settings)
     per_min = 60.0 / window
     return {
         "indexed_s": indexed,
