@@ -105,6 +105,15 @@ def _remove_staging(staging: Path) -> None:
         pass
 
 
+def drop_partial(path: Path) -> None:
+    """On a full disk, free what an attempt wrote: a partial output is of no use
+    to anyone, and the failure record still has to fit."""
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
 def write_failure(attempt: Attempt, failure: Failure) -> Path:
     return attempt.record("failure.json", failure)
 

@@ -23,10 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import msgspec
-
 from . import liveness
 from .model import BlockEntry, encode
+from .records import read
 from .tree import Tree, visible_names, write_atomic
 
 PREFIX = "blocked-"
@@ -43,16 +42,9 @@ def add(tree: Tree, entry: BlockEntry) -> None:
 
 def entries(tree: Tree, job_id: str) -> list[BlockEntry]:
     """Every worker blocked from the job, oldest first."""
-    out = []
-    for name in visible_names(tree.job_attempts(job_id)):
-        if name.startswith(PREFIX):
-            try:
-                out.append(
-                    msgspec.json.decode((tree.job_attempts(job_id) / name).read_bytes(), type=BlockEntry)
-                )
-            except (OSError, msgspec.DecodeError, msgspec.ValidationError):
-                continue
-    return sorted(out, key=lambda e: e.at)
+    folder = tree.job_attempts(job_id)
+    found = (read(folder / n, BlockEntry) for n in visible_names(folder) if n.startswith(PREFIX))
+    return sorted((e for e in found if e is not None), key=lambda e: e.at)
 
 
 def blocks(tree: Tree, job_id: str, worker: str) -> bool:

@@ -66,7 +66,6 @@ FIELDS = {
     "silence": "silence",  # seconds of silence in all
 }
 _TIMEOUT = 600.0
-_DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 
 class Facts(Record, kw_only=True):
@@ -107,9 +106,7 @@ def folder(tree: Tree) -> Path:
 
 
 def record_path(tree: Tree, digest: str) -> Path:
-    if not _DIGEST.match(digest):
-        raise ValueError(f"{digest!r} is not a sha256 in hex")
-    return folder(tree) / f"{digest}.json"
+    return tree.digest_file(FOLDER, digest, ".json")
 
 
 def load(tree: Tree, digest: str) -> Enrichment | None:

@@ -24,12 +24,11 @@ from typing import Any
 import msgspec
 
 from . import blocklist, intent, kinds, quarantine, retry
-from .attempt import Attempt, open_attempt, write_failure
+from .attempt import Attempt, drop_partial, open_attempt, write_failure
 from .context import Context
 from .errors import Failed, Interrupted, LostOwnership
 from .events import Journal
 from .faults import crashpoint
-from .kinds.render import drop_partial
 from .model import BlockEntry, Failure, Interruption, JobBase, ValidationReport, now
 from .publish import publish
 from .secrets import redact
@@ -158,9 +157,9 @@ def _fail(ctx: Context, job: JobBase, attempt: Attempt, f: Failed) -> str:
     if f.fault == "host":
         return _host_fault(ctx, job, attempt, f)
     limits = ctx.cfg.limits
-    retrying = f.retryable and retry.may_retry(ctx.tree, job.job_id, limits.max_attempts)
+    used = retry.claims_made(ctx.tree, job.job_id) if f.retryable else 0  # one look at the attempts
+    retrying = f.retryable and used < limits.max_attempts
     if f.retryable:
-        used = retry.claims_made(ctx.tree, job.job_id)
         f.next_action = f"{f.next_action} " + (
             f"spool retries the job by itself (attempt {used + 1} of {limits.max_attempts})."
             if retrying

@@ -29,6 +29,7 @@ import msgspec
 
 from .faults import crashpoint
 from .model import QuarantineRecord, encode, now
+from .records import read
 from .tree import NotRegular, Tree, make_dirs, read_regular, transfer, write_atomic
 
 if TYPE_CHECKING:
@@ -112,7 +113,5 @@ def quarantine(tree: Tree, src: Path, found_in: str, damage: Damaged, by: str) -
 
 
 def reason_of(tree: Tree, name: str) -> QuarantineRecord | None:
-    try:
-        return msgspec.json.decode((tree.quarantine / f"{name}{REASON}").read_bytes(), type=QuarantineRecord)
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
-        return None
+    rec: QuarantineRecord | None = read(tree.quarantine / f"{name}{REASON}", QuarantineRecord)
+    return rec

@@ -42,10 +42,6 @@ def backoff(policy: Recovery, attempts_used: int) -> float:
     return min(policy.backoff * 2 ** (attempts_used - 1), policy.backoff_max)
 
 
-def may_retry(tree: Tree, job_id: str, max_attempts: int) -> bool:
-    return claims_made(tree, job_id) < max_attempts
-
-
 def schedule(tree: Tree, job_id: str, policy: Recovery, after_attempt: int, reason: str) -> float:
     """Record when the job may run again; returns the wait in seconds."""
     wait = backoff(policy, claims_made(tree, job_id))

@@ -17,7 +17,6 @@ probing uses, with a timeout and at low priority.
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 from .config import Config
@@ -27,7 +26,6 @@ from .tree import Tree, make_dirs, write_atomic
 #: The folder of thumbnails, under the spool root.
 FOLDER = "thumbs"
 #: A thumbnail's name without ``.jpg``: a sha256 in hex.
-DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
 #: A poster frame is taken this far into the video (capped at ``_MAX_AT`` seconds).
 _AT = 1 / 3
 _MAX_AT = 10.0
@@ -44,9 +42,7 @@ def folder(tree: Tree) -> Path:
 
 
 def path(tree: Tree, digest: str) -> Path:
-    if not DIGEST_RE.match(digest):
-        raise ValueError(f"{digest!r} is not a sha256 in hex")
-    return folder(tree) / f"{digest}.jpg"
+    return tree.digest_file(FOLDER, digest, ".jpg")
 
 
 def url(tree: Tree, digest: str) -> str | None:

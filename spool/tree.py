@@ -465,6 +465,13 @@ class Tree(Value):
         """``store/sha256/<aa>/<hash><.ext>``: the content names the file."""
         return self.store / "sha256" / digest[:2] / f"{digest}{ext}"
 
+    def digest_file(self, folder: str, digest: str, suffix: str) -> Path:
+        """``<folder>/<sha256><suffix>``: what spool keeps per content hash (poster
+        frames, enrichment). The digest is checked, so no caller's string becomes a path."""
+        if len(digest) != 64 or digest.strip("0123456789abcdef"):
+            raise ValueError(f"{digest!r} is not a sha256 in hex")
+        return self.root / folder / f"{digest}{suffix}"
+
     def worker_file(self, worker: str) -> Path:
         return self.workers / f"{worker}.json"
 

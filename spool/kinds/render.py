@@ -18,6 +18,7 @@ import msgspec
 
 from .. import ffcommand, health, intent, layers, recipe, render, store
 from .. import sources as sources_
+from ..attempt import drop_partial
 from ..errors import Failed, Interrupted, InvalidInput
 from ..faults import crashpoint
 from ..model import JobBase, LayerBox, Output, Progress, Source, ValidationReport
@@ -294,12 +295,3 @@ def _classify(ctx: Context, job: RenderJob, attempt: Attempt, out: render.Render
             ),
             fault=fault,
         )
-
-
-def drop_partial(path: Path) -> None:
-    """On a full disk, free what an attempt wrote: a partial output is of no use
-    to anyone, and the failure record still has to fit."""
-    try:
-        path.unlink()
-    except OSError:
-        pass
