@@ -34,6 +34,7 @@ class Metrics(Hook):
         self.counters = metrics.WorkerCounters()
         self.path: Path | None = None
         self._due = 0.0
+        self._unwritable = False
 
     def started(self, daemon: Daemon) -> None:
         folder = metrics.folder(daemon.tree, daemon.cfg)
@@ -74,7 +75,20 @@ class Metrics(Hook):
         fams += metrics.generation_families(
             daemon.worker, daemon.generations.counters(), generation.conflicts()
         )
-        metrics.write(self.path, fams)
+        try:
+            metrics.write(self.path, fams)
+        except OSError as exc:
+            # A full or read-only disk: say so once, not a traceback every interval
+            # (the daemon's own full-disk handling says the rest).
+            if not self._unwritable:
+                log.warning(
+                    "metrics file %s not written (%s); trying again every interval", self.path, exc.strerror
+                )
+            self._unwritable = True
+            return
+        if self._unwritable:
+            log.info("metrics file %s written again", self.path)
+        self._unwritable = False
 
 
 #: Outputs that have a picture to make a poster frame of.
