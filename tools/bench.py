@@ -127,7 +127,15 @@ def main(argv: list[str] | None = None) -> int:
 
     if mode == "smoke":
         # Smoke figures mean nothing (they prove every row can be produced), so the
-        # measures run side by side to keep CI's smoke test short.
+        # measures run side by side to keep CI's smoke test short. spool's modules are
+        # imported here first: threads importing one package for the first time at
+        # once can trip Python's import-lock deadlock detection (seen in CI).
+        import spool.cli
+        import spool.kinds
+        import spool.providers.base
+        import spool.providers.replicate
+        import spool.providers.runway  # noqa: F401
+
         with ThreadPoolExecutor(len(chosen)) as pool:
             list(pool.map(one, chosen))
     else:
