@@ -162,6 +162,11 @@ class PollScheduler:
     def policy(self, provider: str) -> Policy:
         return self._policies.get(provider, self._default)
 
+    def set_policies(self, policies: Mapping[str, Policy]) -> None:
+        """New per-provider policies (a reloaded config): they apply from each job's next
+        report; polls already scheduled keep their time."""
+        self._policies = dict(policies)
+
     def __len__(self) -> int:
         return len(self._entries)
 

@@ -6,11 +6,17 @@ render slot; so the daemon hands claimed jobs of a *driven* kind
 (:attr:`spool.kinds.base.Kind.driven`) to this driver instead. The driver
 orchestrates library steps only (:mod:`spool.kinds.generate`):
 
-* one thread runs a :class:`spool.polling.PollScheduler` loop: a job's first
-  step (intent, spending guard, create, provider ID) when it arrives, then its
-  polls when they fall due (full-jitter backoff, ``Retry-After`` and
-  per-provider back-pressure honoured by the scheduler), a look for a cancel
-  request (``spool cancel`` cancels at the provider), the deadline;
+* one thread runs a :class:`spool.polling.PollScheduler` loop: a job's polls
+  when they fall due (full-jitter backoff, ``Retry-After`` and per-provider
+  back-pressure honoured by the scheduler), a look for a cancel request
+  (``spool cancel`` cancels at the provider), the deadline. That thread alone
+  touches the scheduler;
+* a job's admission (its attempt, the intent, the spending guard, the create
+  and the provider's ID, each a durable compare-and-set of its own) runs in a
+  small bounded pool (:data:`ADMITTERS`): a thousand claims at once are
+  admitted side by side, their fsyncs overlapping, instead of one after
+  another on the polling thread; each admitted job comes back to the polling
+  thread as one small result to schedule;
 * a finished generation's download, validation and publish run in a small
   bounded pool of threads (:data:`DOWNLOADS`), never on the polling thread;
 * every ending goes through :func:`spool.execute.end_attempt`, as a render's
@@ -48,8 +54,15 @@ log = logging.getLogger("spoold.generations")
 
 #: Downloads (with validation and publish) at once; they stream to disk, so few suffice.
 DOWNLOADS = 2
-#: Seconds between looks for cancel requests of the generations in flight.
+#: Admissions at once. Each is a few fsyncs and one create request, mostly waiting
+#: on the disk or the provider, so a few threads overlap them; the in-flight
+#: allowance (the daemon's pool) bounds how many are queued, not this.
+ADMITTERS = 8
+#: Seconds between looks for cancel requests of the generations in flight (at least;
+#: one look is a stat per generation, so with many in flight it comes less often:
+#: :data:`CANCEL_LOOKS_PER_SECOND` stats a second at most).
 CANCEL_LOOK = 1.0
+CANCEL_LOOKS_PER_SECOND = 2000
 #: Looks at an abandoned attempt's provider job, for a late completion to record (audit only).
 AUDIT_POLLS = 5
 #: Scheduler keys of those looks start with this.
@@ -103,10 +116,18 @@ class Generations:
         self._adopted: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
         self._providers: dict[str, Provider] = {}
         self._downloads = ThreadPoolExecutor(max_workers=DOWNLOADS, thread_name_prefix="gen-download")
+        self._admissions = ThreadPoolExecutor(max_workers=ADMITTERS, thread_name_prefix="gen-admit")
+        #: Work for the polling thread from the others (schedule an admitted job, an audit).
+        self._for_poller: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._next_cancel_look = 0.0
+        #: The config the scheduler and the provider clients were made from (see _follow_config).
+        self._cfg = ctx.cfg
+        #: Clients replaced by a reload (closed at stop) and their counters, carried over.
+        self._retired: list[Provider] = []
+        self._carried: dict[str, dict[str, int]] = {}
         #: late key -> (job ID, attempt n, provider name, looks left) of abandoned attempts.
         self.audits: dict[str, tuple[str, int, str, int]] = {}
         gk.set_driver(self)
@@ -157,10 +178,11 @@ class Generations:
         """Stop polling; generations in flight stay in ``running/`` and resume at the next start."""
         self._stop.set()
         self._wake.set()
+        self._admissions.shutdown(wait=True, cancel_futures=True)  # unadmitted ones resume at restart
         if self._thread is not None:
             self._thread.join(timeout=60)
         self._downloads.shutdown(wait=True, cancel_futures=True)
-        for p in self._providers.values():
+        for p in [*self._providers.values(), *self._retired]:
             p.close()
         gk.set_driver(None)
 
@@ -169,8 +191,15 @@ class Generations:
         rate_limited (429s), bytes (retrieved and verified), checksum (mismatches),
         errors (every provider error). Counters since the daemon started."""
         out = {}
-        for name, p in list(self._providers.items()):
-            c = p.counted()
+        with self._lock:
+            clients = list(self._providers.items())
+            carried = {n: dict(c) for n, c in self._carried.items()}
+        out_raw: dict[str, dict[str, int]] = {}
+        for name, c in [*((n, p.counted()) for n, p in clients), *carried.items()]:
+            total = out_raw.setdefault(name, {})
+            for k, v in c.items():
+                total[k] = total.get(k, 0) + v
+        for name, c in out_raw.items():
             errors = {k.removeprefix("error."): n for k, n in c.items() if k.startswith("error.")}
             out[name] = {
                 "polls": c.get("call.get", 0),
@@ -194,16 +223,24 @@ class Generations:
             wait = 1.0 if nxt is None else max(0.0, min(1.0, nxt - time.time()))
             self._wake.wait(timeout=wait)
             self._wake.clear()
+        polls = sum(n for (_, what), n in self.sched.counts.items() if what == "polls")
+        # What the polling policy costs this host (tools/genbench.py reads this line).
+        log.info("generation driver: %d polls; polling thread CPU %.3f s", polls, time.thread_time())
 
     def _turn(self) -> None:
+        self._follow_config()
         while True:
             try:
                 jid, n = self._inbox.get_nowait()
             except queue.Empty:
                 break
-            self._admit(jid, n)
-            if self._stop.is_set():
-                return
+            self._admissions.submit(self._admit, jid, n)
+        while True:
+            try:
+                todo = self._for_poller.get_nowait()
+            except queue.Empty:
+                break
+            todo()
         for due in self.sched.pop_due():
             if self._stop.is_set():
                 return
@@ -215,14 +252,54 @@ class Generations:
                 self._step(*flight)
         now = time.monotonic()
         if now >= self._next_cancel_look:
-            self._next_cancel_look = now + CANCEL_LOOK
+            with self._lock:
+                waiting = len(self.flights)
+            self._next_cancel_look = now + max(CANCEL_LOOK, waiting / CANCEL_LOOKS_PER_SECOND)
             self._look_for_cancels()
 
+    def _on_poller(self, todo: Callable[[], None]) -> None:
+        """Run ``todo`` on the polling thread (the scheduler is that thread's alone)."""
+        if threading.current_thread() is self._thread:
+            todo()
+            return
+        self._for_poller.put(todo)
+        self._wake.set()
+
     def _provider(self, name: str) -> Provider:
-        p = self._providers.get(name)
-        if p is None:
-            p = self._providers[name] = gk.open_for(self.ctx.cfg, name)
-        return p
+        with self._lock:
+            p = self._providers.get(name)
+            if p is None:
+                p = self._providers[name] = gk.open_for(self.ctx.cfg, name)
+            return p
+
+    def _follow_config(self) -> None:
+        """Apply a reloaded spool.toml (the daemon replaces ``ctx.cfg`` on a change or SIGHUP).
+
+        Polling policies apply from each generation's next poll; a provider whose
+        table changed gets a new client (base URL, token, timeouts, download limits)
+        for its next request, its counters carried over. The allowance (``in_flight``)
+        is the daemon's pool, resized by the daemon; the spending guard reads
+        ``ctx.cfg`` at each create. The old client is closed at stop, not now: a
+        download may still be streaming through it.
+        """
+        cfg = self.ctx.cfg
+        if cfg is self._cfg:
+            return
+        old, self._cfg = self._cfg.provider_configs, cfg
+        new = cfg.provider_configs
+        self.sched.set_policies({n: c.polling for n, c in new.items()})
+        with self._lock:
+            for name, client in list(self._providers.items()):
+                if new.get(name) == old.get(name):
+                    continue
+                del self._providers[name]
+                self._retired.append(client)
+                kept = self._carried.setdefault(name, {})
+                for k, v in client.counted().items():
+                    kept[k] = kept.get(k, 0) + v
+        changed = sorted(n for n in {*old, *new} if old.get(n) != new.get(n))
+        if changed:
+            log.info("providers reloaded from spool.toml: %s", ", ".join(changed))
 
     def _load(self, job_id: str) -> gk.GenerateJob:
         job = quarantine.load(self.ctx.tree.job_file("running", job_id, self.ctx.worker))
@@ -230,7 +307,9 @@ class Generations:
         return job
 
     def _admit(self, job_id: str, n: int | None) -> None:
-        """A new claim opens its attempt; a resumed one carries on in its own."""
+        """A new claim opens its attempt; a resumed one carries on in its own (an admission thread)."""
+        if self._stop.is_set():
+            return  # left in running/: the next start resumes it
         try:
             job = self._load(job_id)
         except quarantine.Damaged:
@@ -257,7 +336,7 @@ class Generations:
         self._step(job_id, attempt.n, job)
 
     def _step(self, job_id: str, n: int, job: gk.GenerateJob | None = None) -> None:
-        """One step of one generation, then schedule what comes next."""
+        """One step of one generation, then schedule what comes next (any thread)."""
         key = gk.key_of(job_id, n)
         attempt = Attempt(self.ctx.tree, job_id, n)
         try:
@@ -268,10 +347,11 @@ class Generations:
             self._end(key, job, attempt, exc)
             return
         if nxt.action == "retrieve":
-            self.sched.discard(key)
+            self._on_poller(lambda: self.sched.discard(key))
             self._downloads.submit(self._retrieve, key, job, attempt)
             return
-        gk.schedule(self.sched, key, job.generate.provider, nxt)
+        provider = job.generate.provider
+        self._on_poller(lambda: gk.schedule(self.sched, key, provider, nxt))
         if nxt.action == "wait" and not nxt.wait:
             self._wake.set()
 
@@ -305,8 +385,7 @@ class Generations:
 
     def _end(self, key: str, job: gk.GenerateJob | None, attempt: Attempt, exc: BaseException) -> None:
         """Abandon the attempt (state ``failed``), then the ending every kind has."""
-        if threading.current_thread() is self._thread:
-            self.sched.discard(key)  # the scheduler is the polling thread's alone
+        self._on_poller(lambda: self.sched.discard(key))
         with self._lock:
             self.flights.pop(key, None)
         exc = _located(exc, job)
@@ -320,11 +399,16 @@ class Generations:
             except Exception:
                 log.exception("%s: cancelling at the provider failed", job.job_id)
             gk.abandon(self.ctx, job, attempt, exc)
-            if threading.current_thread() is self._thread and gk.was_sent(attempt):
+            if gk.was_sent(attempt):
                 # The provider may finish it anyway: look a few more times, for the record only.
-                late = LATE + key
-                self.audits[late] = (job.job_id, attempt.n, job.generate.provider, AUDIT_POLLS)
-                self.sched.add(late, job.generate.provider)
+                late, provider = LATE + key, job.generate.provider
+                audit = (job.job_id, attempt.n, provider, AUDIT_POLLS)
+
+                def look_later() -> None:
+                    self.audits[late] = audit
+                    self.sched.add(late, provider)
+
+                self._on_poller(look_later)
         try:
             outcome = end_attempt(self.ctx, job, attempt, exc)
         except Exception:
