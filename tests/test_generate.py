@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from conftest import TAGS, minimal, run_cli, state_files, wait_for, write_json
 from provsim import ProviderSim
@@ -27,7 +29,7 @@ from spool.events import Journal
 from spool.execute import execute
 from spool.faults import OTHER_POINTS
 from spool.kinds import KINDS, GenerateJob, decode_job
-from spool.model import Failure, Manifest
+from spool.model import Failure, Manifest, encode
 from spool.records import read
 from spool.tree import Tree
 
@@ -489,6 +491,66 @@ def test_generations_in_flight_never_exceed_the_providers_allowance(tree, sim, d
     assert d.wait(timeout=60) == 0
     assert state_files(tree)["complete"] == sorted(f"{j}.json" for j in jids)
     assert peak == 2  # the allowance was used, and never exceeded
+
+
+def test_ten_thousand_queued_generations_never_exceed_the_in_flight_allowance(tree, sim, daemons):
+    """10,000 job files in pending/ against a provider that never finishes: the daemon
+    fills the allowance of 25 and not one more, at its claims and at the provider."""
+    with open(tree.config_file, "a") as f:
+        f.write(provider_table(sim).replace("in_flight = 4", "in_flight = 25"))
+    prompt = "queued behind ten thousand #fault=never"
+    first = decode_job(tree.job_file("pending", submit(tree, gen_sub("gen-q00000", prompt))).read_bytes())
+    for i in range(1, 10_000):  # clones of an accepted job: accepting 10,000 would take minutes
+        name = f"gen-q{i:05d}"
+        job = msgspec.structs.replace(first, job_id=f"{name}@1", name=name)
+        tree.job_file("pending", job.job_id).write_bytes(encode(job))
+    assert len(os.listdir(tree.pending)) == 10_000
+    d = daemons(tree, env=ENV)
+    wait_for(lambda: creates(sim, prompt) >= 25, timeout=90)
+    peak_claimed = peak_created = 0
+    end = time.monotonic() + 3.0  # the allowance is full: watch that nothing more goes out
+    while time.monotonic() < end:
+        peak_claimed = max(peak_claimed, len(os.listdir(next(tree.running.iterdir()))))
+        peak_created = max(peak_created, creates(sim, prompt))
+        time.sleep(0.05)
+    d.signal(15)
+    assert d.wait(timeout=60) == 0, d.output()[-3000:]
+    assert peak_claimed == 25 and peak_created == 25
+    assert len(os.listdir(tree.pending)) == 10_000 - 25
+
+
+def test_sighup_reloads_the_providers_allowance_polling_and_spending(tree, sim, daemons):
+    table = provider_table(sim).replace("in_flight = 4", "in_flight = 1")
+    with open(tree.config_file, "a") as f:
+        f.write(table)
+    prompts = ("hup one #fault=never", "hup two #fault=never")
+    jids = [submit(tree, gen_sub(f"gen-hup-{i}", p)) for i, p in enumerate(prompts)]
+    d = daemons(tree, env=ENV)
+
+    def created() -> list[Any]:
+        return [j for j in list(sim.state.jobs.values()) if j.input.get("prompt") in prompts]
+
+    waiting = wait_for(lambda: next((j for j in created() if j.polls >= 3), None), timeout=30)
+    assert len(created()) == 1  # in_flight = 1: the other job waits in pending/
+    slow = "[providers.sim.polling]\nfirst = 60\nbase = 60\nceiling = 60\nfloor = 60\n"
+    new = table.replace("in_flight = 1", "in_flight = 2\nspending = {per_hour = 1}")
+    new = new[: new.index("[providers.sim.polling]")] + slow
+    text = tree.config_file.read_text()
+    tree.config_file.write_text(text[: text.index("[providers.sim]")] + new.lstrip())
+    d.signal(signal.SIGHUP)
+    wait_for(lambda: "changed providers.sim" in d.output(), timeout=30)
+    # The allowance grew: the other job is claimed; the spending guard, now 1 an hour, refuses it.
+    other = jids[1 - prompts.index(waiting.input["prompt"])]
+    f = wait_for(lambda: read(tree.attempt_dir(other, 1) / "failure.json", Failure), timeout=30)
+    assert f.property == "providers.sim.spending.per_hour"
+    assert len(created()) == 1
+    # The polling policy changed: at most the poll already due under the old one, then none.
+    time.sleep(0.5)
+    before = waiting.polls
+    time.sleep(2.0)
+    assert waiting.polls - before <= 1
+    d.signal(signal.SIGTERM)
+    assert d.wait(timeout=60) == 0
 
 
 def test_a_daemon_without_the_token_moves_the_job_on_and_names_the_variable(gtree, sim, daemons):
