@@ -311,7 +311,12 @@ def _generation_figures(spool: Path, ids: list[str], sim: Any) -> dict[str, obje
     creates = sum(1 for j in made if j.input.get("prompt") in prompts and not j.hidden)
     attempts = sum(1 for j in ids for _ in (spool / "attempts" / j).glob("*/gen/1-submitted.json"))
     states = Counter(_state(spool, j) for j in ids)
+    per_job = Counter(
+        j.input.get("prompt") for j in made if j.input.get("prompt") in prompts and not j.hidden
+    )
     return {
+        # How many generation jobs got 0, 1, 2... create requests (a recovery adopts, never re-creates).
+        "generation_creates_per_job": dict(sorted(Counter(per_job[p] for p in prompts).items())),
         "generations": len(ids),
         "generation_complete": states["complete"],
         "generation_failed": states["failed"],
