@@ -314,7 +314,14 @@ def _generation_figures(spool: Path, ids: list[str], sim: Any) -> dict[str, obje
     per_job = Counter(
         j.input.get("prompt") for j in made if j.input.get("prompt") in prompts and not j.hidden
     )
+    why: Counter[str] = Counter()  # what ended attempts (a located failure's retry creates anew)
+    for f in (f for j in ids for f in (spool / "attempts" / j).glob("*/failure.json")):
+        try:
+            why[json.loads(f.read_text()).get("property", "?")] += 1
+        except (OSError, ValueError):
+            why["(unreadable)"] += 1
     return {
+        "generation_attempt_failures": dict(sorted(why.items())),
         # How many generation jobs got 0, 1, 2... create requests (a recovery adopts, never re-creates).
         "generation_creates_per_job": dict(sorted(Counter(per_job[p] for p in prompts).items())),
         "generations": len(ids),
