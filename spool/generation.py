@@ -225,10 +225,21 @@ def _load(path: Path) -> StateRecord | None:
         return None  # a half-written record cannot be visible (link of a whole file); ignore junk
 
 
+_GENERATING = f"{MARKER}{ORDINAL['generating']}-generating"
+
+
 def current_state(gen: Path) -> str | None:
     """The attempt's state from one listing of ``gen/`` (markers only; no record is
     read): cheap enough to call for every running job. ``None``: not a generation
     attempt, or one that never began."""
+    # Nearly every generation in flight is waiting at its provider: one stat says so.
+    # Sound because a transition renames the marker away, and a second marker is
+    # only ever ``state.1-submitted`` (a begin rolled forward), never a lower one.
+    try:
+        os.stat(os.path.join(gen, _GENERATING))
+        return "generating"
+    except (FileNotFoundError, NotADirectoryError):
+        pass
     try:
         names = os.listdir(gen)
     except (FileNotFoundError, NotADirectoryError):

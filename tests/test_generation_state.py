@@ -102,6 +102,23 @@ def test_forward_path_is_legible_with_ls_and_carries_every_field(tmp_path: Path)
     )
 
 
+def test_the_cheap_state_read_agrees_with_the_full_one_at_every_step(tmp_path: Path) -> None:
+    gen = tmp_path / "gen"
+    assert gen_mod.current_state(gen) is None
+    begin(gen, intent(), by="w1")
+    seen = [gen_mod.current_state(gen)]
+    for to, fields in (("generating", {"provider_job_id": "p"}), ("retrieving", {}), ("stored", {})):
+        transition(gen, to, "w1", **fields)  # type: ignore[arg-type]
+        seen.append(gen_mod.current_state(gen))
+        if to == "generating":  # a begin rolled forward late re-links the submitted marker
+            os.link(gen / "1-submitted.json", gen / "state.1-submitted")
+            assert gen_mod.current_state(gen) == read(gen).state == "generating"
+    transition(gen, "failed", "w1", reason="x")
+    seen.append(gen_mod.current_state(gen))
+    assert read(gen).state == "failed"
+    assert seen == ["submitted", "generating", "retrieving", "stored", "failed"]
+
+
 def test_forward_only_and_failed_is_final(tmp_path: Path) -> None:
     gen = tmp_path / "gen"
     begin(gen, intent(), by="w1")
