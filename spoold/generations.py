@@ -6,11 +6,13 @@ render slot; so the daemon hands claimed jobs of a *driven* kind
 (:attr:`spool.kinds.base.Kind.driven`) to this driver instead. The driver
 orchestrates library steps only (:mod:`spool.kinds.generate`):
 
-* one thread runs a :class:`spool.polling.PollScheduler` loop: a job's polls
-  when they fall due (full-jitter backoff, ``Retry-After`` and per-provider
-  back-pressure honoured by the scheduler), a look for a cancel request
-  (``spool cancel`` cancels at the provider), the deadline. That thread alone
-  touches the scheduler;
+* one thread runs a :class:`spool.polling.PollScheduler` loop: it hands a
+  job's polls to a small pool (:data:`POLLERS`) when they fall due
+  (full-jitter backoff, ``Retry-After`` and per-provider back-pressure honoured
+  by the scheduler; a poll is mostly a wait for the provider's answer, so a
+  few overlap), looks for cancel requests (``spool cancel`` cancels at the
+  provider). That thread alone touches the scheduler; a key is polled by one
+  thread at a time (the scheduler hands it out once until its report);
 * a job's admission (its attempt, the intent, the spending guard, the create
   and the provider's ID, each a durable compare-and-set of its own) runs in a
   small bounded pool (:data:`ADMITTERS`): a thousand claims at once are
@@ -58,6 +60,10 @@ DOWNLOADS = 2
 #: on the disk or the provider, so a few threads overlap them; the in-flight
 #: allowance (the daemon's pool) bounds how many are queued, not this.
 ADMITTERS = 8
+#: Polls at once (each mostly waits for the provider's answer), and the most handed
+#: to them per turn that are not yet started (so a backlog stays in the heap, in order).
+POLLERS = 4
+POLL_QUEUE = 64
 #: Seconds between looks for cancel requests of the generations in flight (at least;
 #: one look is a stat per generation, so with many in flight it comes less often:
 #: :data:`CANCEL_LOOKS_PER_SECOND` stats a second at most).
@@ -117,6 +123,11 @@ class Generations:
         self._providers: dict[str, Provider] = {}
         self._downloads = ThreadPoolExecutor(max_workers=DOWNLOADS, thread_name_prefix="gen-download")
         self._admissions = ThreadPoolExecutor(max_workers=ADMITTERS, thread_name_prefix="gen-admit")
+        self._polls = ThreadPoolExecutor(max_workers=POLLERS, thread_name_prefix="gen-poll")
+        #: Keys whose poll is handed out and not finished (the cancel look leaves them alone).
+        self._stepping: set[str] = set()
+        #: CPU seconds the poll threads spent in polls (logged at stop, for tools/genbench.py).
+        self._poll_cpu = 0.0
         #: Work for the polling thread from the others (schedule an admitted job, an audit).
         self._for_poller: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -179,6 +190,7 @@ class Generations:
         self._stop.set()
         self._wake.set()
         self._admissions.shutdown(wait=True, cancel_futures=True)  # unadmitted ones resume at restart
+        self._polls.shutdown(wait=True, cancel_futures=True)
         if self._thread is not None:
             self._thread.join(timeout=60)
         self._downloads.shutdown(wait=True, cancel_futures=True)
@@ -221,11 +233,18 @@ class Generations:
                 time.sleep(1.0)
             nxt = self.sched.next_due()
             wait = 1.0 if nxt is None else max(0.0, min(1.0, nxt - time.time()))
+            if self._saturated():
+                wait = 1.0  # a finishing poll wakes the loop
             self._wake.wait(timeout=wait)
             self._wake.clear()
         polls = sum(n for (_, what), n in self.sched.counts.items() if what == "polls")
         # What the polling policy costs this host (tools/genbench.py reads this line).
-        log.info("generation driver: %d polls; polling thread CPU %.3f s", polls, time.thread_time())
+        log.info(
+            "generation driver: %d polls; CPU %.3f s in polls, %.3f s on the scheduling thread",
+            polls,
+            self._poll_cpu,
+            time.thread_time(),
+        )
 
     def _turn(self) -> None:
         self._follow_config()
@@ -241,21 +260,41 @@ class Generations:
             except queue.Empty:
                 break
             todo()
-        for due in self.sched.pop_due():
+        with self._lock:
+            room = POLL_QUEUE - len(self._stepping)
+        for due in self.sched.pop_due(limit=max(0, room)):
             if self._stop.is_set():
                 return
             if due.key.startswith(LATE):
                 self._audit(due.key)
                 continue
-            flight = self.flights.get(due.key)
+            with self._lock:
+                flight = self.flights.get(due.key)
+                if flight is not None:
+                    self._stepping.add(due.key)
             if flight is not None:
-                self._step(*flight)
+                self._polls.submit(self._poll, due.key, *flight)
         now = time.monotonic()
         if now >= self._next_cancel_look:
             with self._lock:
                 waiting = len(self.flights)
             self._next_cancel_look = now + max(CANCEL_LOOK, waiting / CANCEL_LOOKS_PER_SECOND)
             self._look_for_cancels()
+
+    def _poll(self, key: str, job_id: str, n: int) -> None:
+        """One due poll (a poll thread)."""
+        cpu = time.thread_time()
+        try:
+            self._step(job_id, n)
+        finally:
+            with self._lock:
+                self._stepping.discard(key)
+                self._poll_cpu += time.thread_time() - cpu
+            self._wake.set()  # room for the next due poll
+
+    def _saturated(self) -> bool:
+        with self._lock:
+            return len(self._stepping) >= POLL_QUEUE
 
     def _on_poller(self, todo: Callable[[], None]) -> None:
         """Run ``todo`` on the polling thread (the scheduler is that thread's alone)."""
@@ -351,7 +390,12 @@ class Generations:
             self._downloads.submit(self._retrieve, key, job, attempt)
             return
         provider = job.generate.provider
-        self._on_poller(lambda: gk.schedule(self.sched, key, provider, nxt))
+
+        def schedule() -> None:
+            if key in self.flights:  # not ended meanwhile (a cancel look): no ghost entry
+                gk.schedule(self.sched, key, provider, nxt)
+
+        self._on_poller(schedule)
         if nxt.action == "wait" and not nxt.wait:
             self._wake.set()
 
@@ -443,7 +487,8 @@ class Generations:
     def _look_for_cancels(self) -> None:
         """``spool cancel`` of a generation waiting at its provider: cancel it there, then fail."""
         with self._lock:
-            waiting = [(k, f) for k, f in self.flights.items() if k in self.sched]  # not downloading
+            # Not downloading (out of the scheduler), not being polled now (that step looks itself).
+            waiting = [(k, f) for k, f in self.flights.items() if k in self.sched and k not in self._stepping]
         for key, (jid, n) in waiting:
             if intent.cancel_requested(self.ctx.tree, jid) is None:
                 continue

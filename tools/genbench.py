@@ -226,10 +226,12 @@ def main(argv: list[str] | None = None) -> int:
         minimum += 1 + max(0, math.ceil((sj.work - args.first) / args.ceiling))
     completed = len(indexed)
     driver = re.findall(
-        r"generation driver: (\d+) polls; polling thread CPU ([0-9.]+) s",
+        r"generation driver: (\d+) polls; CPU ([0-9.]+) s in polls, ([0-9.]+) s on the scheduling thread",
         (args.dir / "spoold.log").read_text(),
     )
-    thread_polls, thread_cpu = (int(driver[-1][0]), float(driver[-1][1])) if driver else (0, 0.0)
+    thread_polls, thread_cpu = (
+        (int(driver[-1][0]), float(driver[-1][1]) + float(driver[-1][2])) if driver else (0, 0.0)
+    )
     daemon_polls = polls_to - polls_from
     print(
         json.dumps(
@@ -243,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                 "peak_rss_mib": round(hwm / 1024, 1),
                 "daemon_polls_while_measured": daemon_polls,
                 "daemon_cpu_ms_per_poll": round((cpu_to - cpu_from) / max(1, daemon_polls) * 1e3, 3),
-                "polling_thread_cpu_ms_per_poll": round(thread_cpu / max(1, thread_polls) * 1e3, 3),
+                "driver_cpu_ms_per_poll": round(thread_cpu / max(1, thread_polls) * 1e3, 3),
                 "polls_per_completed_job": round(polls / max(1, completed), 2),
                 "min_polls_per_completed_job": round(minimum / max(1, completed), 2),
                 "completion_to_seen_p50_p99_s": [q(seen, 0.5), q(seen, 0.99)],
