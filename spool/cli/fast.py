@@ -25,10 +25,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import EXIT_INVALID, InvalidInput, NotFound, SpoolError
-from .plain import before_command, echo, fail, open_spool, open_tree, print_json, unsecret
+from .plain import before_command, echo, fail, load_config, open_spool, open_tree, print_json, unsecret
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+    from ..config import Config
 
 #: What ``spool ls`` lists, in its order.
 LS_STATES = ("pending", "held", "running", "complete", "failed", "rejected")
@@ -50,11 +52,26 @@ def console() -> Console:
 
 
 def status(spool: Path | None, as_json: bool, exact: bool = False) -> None:
-    """``spool status``: the overview every status view is drawn from."""
+    """``spool status``: the overview every status view is drawn from.
+
+    The config is read only when the overview reads a record (a worker, a failure:
+    what its secrets must be masked in, what its staleness judges): counting a
+    backlog needs neither it nor msgspec, whose import costs as much as Python's
+    start-up."""
     from .. import overview
 
-    tree, cfg = open_spool(spool, as_json)
-    ov = overview.overview(tree, cfg, exact=exact)
+    try:
+        tree = open_tree(spool)
+    except SpoolError as exc:
+        raise fail(exc, as_json) from None
+
+    def config() -> Config:
+        try:
+            return load_config(tree)
+        except SpoolError as exc:
+            raise fail(exc, as_json) from None
+
+    ov = overview.overview(tree, config, exact=exact)
     if as_json:
         print_json(ov)
         return
@@ -73,16 +90,31 @@ def ls(state: str | None, spool: Path | None, as_json: bool) -> None:
             raise InvalidInput("STATE", f"{state!r} is not one of {', '.join(LS_STATES)}")
     except SpoolError as exc:
         raise fail(exc, as_json) from None
-    found = [(s, sorted(status.job_ids(tree, s))) for s in ([state] if state else LS_STATES)]
+    # Sorted job IDs per state; running/ is per worker: (job ID, worker) pairs there.
+    found: list[tuple[str, list[Any]]] = [
+        (s, sorted(status.job_ids(tree, s) if s == "running" else status.job_names(tree, s)))
+        for s in ([state] if state else LS_STATES)
+    ]
     if as_json:
-        print_json([{"job_id": jid, "state": s, "worker": w} for s, ids in found for jid, w in ids])
+        print_json(
+            [
+                {"job_id": jid, "state": s, "worker": w}
+                for s, ids in found
+                for jid, w in (ids if s == "running" else ((jid, None) for jid in ids))
+            ]
+        )
         return
     import sys
 
     # One write: 100,000 lines masked and written one by one cost more than listing them.
-    sys.stdout.write(
-        "".join(f"{s:<9} {jid}" + (f"  {w}" if w else "") + "\n" for s, ids in found for jid, w in ids)
-    )
+    lines = []
+    for s, ids in found:
+        if s == "running":
+            lines += [f"{s:<9} {jid}  {w}" for jid, w in ids]
+        elif ids:  # one join, not a format per line (100,000 pending jobs)
+            head = f"{s:<9} "
+            lines.append(head + f"\n{head}".join(ids))
+    sys.stdout.write("".join(line + "\n" for line in lines))
 
 
 def job_info(job: str, spool: Path | None, as_json: bool) -> dict[str, Any]:
