@@ -72,6 +72,22 @@ def _scan(
     newest ``keep``. ``first`` (without ``stat``) receives the first names listed,
     up to its capacity SAMPLE."""
     out = _Scan()
+    if not stat:
+        # Names only: one os.listdir and a comprehension, no DirEntry per job (a third
+        # of the cost of listing 100,000 jobs with scandir).
+        try:
+            names = os.listdir(folder)
+        except FileNotFoundError:
+            return out
+        # is_visible, inlined: no dotfiles (a temp name starts with a dot).
+        if skip:
+            names = [n for n in names if n.endswith(suffix) and n[0] != "." and not n.endswith(skip)]
+        else:
+            names = [n for n in names if n.endswith(suffix) and n[0] != "."]
+        out.count = len(names)
+        if first is not None:
+            first += names[: SAMPLE - len(first)]
+        return out
     try:
         it = os.scandir(folder)
     except FileNotFoundError:
@@ -82,11 +98,6 @@ def _scan(
             name = e.name
             # is_visible, inlined (this loop runs once per job): no dotfiles, no temp names.
             if name[0] == "." or not name.endswith(suffix) or (skip and name.endswith(skip)):
-                continue
-            if not stat:
-                out.count += 1
-                if first is not None and len(first) < SAMPLE:
-                    first.append(name)
                 continue
             try:
                 ct = e.stat().st_ctime
