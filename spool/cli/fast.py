@@ -218,11 +218,16 @@ def search(
 ) -> None:
     """``spool search``: current asset versions by tags and enrichment; every hit's
     store file exists."""
+    import re
+
     from .. import enrich, library
 
     tree, cfg = open_spool(spool, as_json)
     try:
-        query = library.parse_terms(terms, enrich.plugins())
+        # Only a dotted field (``plugin.key``) can name a plug-in's value: the entry-point
+        # lookup (importlib.metadata, a fifth of the command) is for a query that has one.
+        dotted = any("." in re.split(r"[<>!=]", t, maxsplit=1)[0] for t in terms)
+        query = library.parse_terms(terms, enrich.plugins() if dotted else ())
         if do_enrich and query.comparisons:
             tag_only = library.Query(query.tags, [])
             base = library.search(tree, cfg, tag_only, all_versions=all_versions, visibility=visibility or ())
