@@ -553,6 +553,23 @@ def test_sighup_reloads_the_providers_allowance_polling_and_spending(tree, sim, 
     assert d.wait(timeout=60) == 0
 
 
+def test_a_provider_slow_to_answer_one_poll_does_not_hold_up_the_others(gtree, sim, daemons):
+    slow = "slow answers #fault=slow:1.8 #fault=never"  # every poll of it takes 1.8 s
+    submit(gtree, gen_sub("gen-slow", slow))
+    quick = submit(gtree, gen_sub("gen-quick", "quick answers #fault=work:2"))
+    d = daemons(gtree, env=ENV)
+    wait_for(lambda: (gtree.complete / f"{quick}.json").exists(), timeout=60)
+    made = next(
+        j for j in list(sim.state.jobs.values()) if j.input.get("prompt") == "quick answers #fault=work:2"
+    )
+    seen = gen_view(gtree, quick).records["retrieving"].at.timestamp()
+    # Polled every 0.05-0.3 s while the slow job's polls keep one poll thread busy: its
+    # success is seen soon after, not after the slow job's answer.
+    assert seen - (made.created + made.work) < 1.2
+    d.signal(15)
+    assert d.wait(timeout=60) == 0
+
+
 def test_a_daemon_without_the_token_moves_the_job_on_and_names_the_variable(gtree, sim, daemons):
     jid = submit(gtree, gen_sub("gen-no-token", "who am I"))
     d = daemons(gtree, drain=True, env={ENV_NAME: ""})
