@@ -40,6 +40,8 @@ class Metrics(Hook):
     #: Seconds between two probes of the file server's clock (a file written and
     #: stat'ed in ``workers/``); between them its offset from ours is trusted.
     CLOCK_EVERY = 300.0
+    #: Seconds the daemon waits at stop for a write under way.
+    STOP_WAIT = 30.0
 
     def __init__(self) -> None:
         self.counters = metrics.WorkerCounters()
@@ -80,7 +82,10 @@ class Metrics(Hook):
             return
         if self._thread is not None:
             self._todo.put(None)
-            self._thread.join(timeout=60)
+            self._thread.join(timeout=self.STOP_WAIT)
+            if self._thread.is_alive():  # a hung mount: the view is the thread's, leave it be
+                log.warning("metrics file %s: last write skipped (no answer from the file server)", self.path)
+                return
             self._thread = None
         self.write(daemon, self._snapshot(daemon))
 
