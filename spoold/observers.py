@@ -111,11 +111,13 @@ class Metrics(Hook):
         )
         # pending/ as the daemon's index knows it: listing a big queue on a NAS every
         # metrics_interval cost a core's percent (issue 17); while the index is still
-        # reading a backlog, its count is the listed names.
+        # reading a backlog, its count is the listed names. The oldest submission is
+        # the one the last heartbeat carried (heartbeat_interval old at most): asking
+        # the index again is a pass over every pending job, 100,000 on a big queue.
         index, beat = daemon.index, daemon.heartbeat.rec
         own = metrics.Own(
             daemon.worker,
-            (len(index) + index.backlog, index.oldest_submitted()),
+            (len(index) + index.backlog, beat.oldest_pending_submitted),
             None if beat.state == "stopped" else max(0.0, time.time() - beat.heartbeat_at.timestamp()),
         )
         return _Snapshot(fams, own)

@@ -345,3 +345,18 @@ def test_a_folder_changed_in_the_tick_it_was_read_is_read_again(tmp_path):
     assert seen.reads["f"] == 3, "an old, unchanged mtime is trusted"
     (folder / "b").touch()
     assert seen.get("f", (folder,), count, now + 4) == 2
+
+
+def test_the_pending_age_is_the_one_the_heartbeat_carries(tree, monkeypatch):
+    """Asking the claim index for its oldest job is a pass over every pending job:
+    the hook takes what the daemon's last heartbeat already carried."""
+    d = Daemon(tree, config.load(tree.config_file), "probe", hooks=[])
+    d.heartbeat.beat(state="running", oldest_pending_submitted=time.time() - 100)
+    monkeypatch.setattr(d.index, "oldest_submitted", lambda: pytest.fail("the index was asked"))
+    hook = Metrics()
+    hook.started(d)
+    hook.tick(d)
+    assert hook.flush()
+    series = strict_parse((tree.root / "metrics" / "spool-probe.prom").read_text())
+    [age] = values(series, "spool_oldest_job_age_seconds", state="pending")
+    assert 99 <= age < 130
