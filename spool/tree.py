@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .groupcommit import sync_folder
+
 #: The queue states that are folders of job files (``held`` is pending, set aside
 #: by an operator; ``running`` holds one folder per worker).
 STATES = ("pending", "held", "running", "complete", "failed")
@@ -155,12 +157,12 @@ def is_visible(name: str) -> bool:
 
 
 def fsync_dir(path: Path) -> None:
-    """Make a folder's entries (new names, renames, removals) durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    """Make a folder's entries (new names, renames, removals) durable.
+
+    Through :mod:`spool.groupcommit`: a plain fsync, unless a daemon installed
+    a coalescer (threads share one fsync of a folder) or this thread is in a
+    ``together()`` batch (done when the batch ends, before anything is told)."""
+    sync_folder(path)
 
 
 def write_atomic(
@@ -170,6 +172,7 @@ def write_atomic(
     mode: int | None = None,
     durable: bool = True,
     replace: bool = True,
+    folder_later: bool = False,
 ) -> None:
     """Write ``data`` to ``path`` so that readers see all of it or nothing.
 
@@ -180,6 +183,8 @@ def write_atomic(
     are only hints (progress), never for records the invariants depend on.
     ``mode`` is set exactly (0o444 for what must stay read-only); without it
     the process umask decides, as ``[permissions] umask`` configures.
+    ``folder_later=True``: the file is fsynced but not its folder, which the
+    caller's next step fsyncs anyway (the name is not relied on before then).
     """
     folder = path.parent
     tmp = folder / temp_name(path.name)
@@ -206,7 +211,7 @@ def write_atomic(
         except OSError:
             pass
         raise
-    if durable:
+    if durable and not folder_later:
         fsync_dir(folder)
 
 
