@@ -493,12 +493,29 @@ class Tree(Value):
         for name in FOLDERS:
             make_dirs(self.root / name)
         make_dirs(self.store / "sha256")
+        self._make_shards()
+
+    def _make_shards(self) -> None:
+        """The store's 256 shard folders ``store/sha256/<aa>/``, made once with one fsync
+        (else the first object of each shard pays an fsync of ``store/sha256/``)."""
+        base = self.store / "sha256"
+        made = False
+        for i in range(256):
+            try:
+                os.mkdir(base / f"{i:02x}")
+                made = True
+            except FileExistsError:
+                pass
+        if made:
+            fsync_dir(base)
 
     def share_with_group(self, gid: int) -> None:
         """Let a studio group share the spool: every folder (and the config) is
         owned by the group, group-writable, and setgid, so what anyone creates
         later belongs to the group too. Idempotent."""
-        paths = [self.root, *(self.root / name for name in FOLDERS), self.store / "sha256"]
+        shards = self.store / "sha256"
+        paths = [self.root, *(self.root / name for name in FOLDERS), shards]
+        paths += sorted(p for p in shards.iterdir() if len(p.name) == 2 and p.is_dir())
         for p in paths:
             os.chown(p, -1, gid)
             os.chmod(p, 0o2775)

@@ -120,11 +120,13 @@ class Daemon:
         self.identity.acquire()
         # Slot threads share folder fsyncs (group commit); restored for in-process callers.
         before = groupcommit.installed()
-        groupcommit.install(before or groupcommit.Coalescer())
+        syncer = before or groupcommit.Coalescer()
+        groupcommit.install(syncer)
         try:
             return self._run()
         finally:
             groupcommit.install(before)
+            log.info("group commit: %d folder fsyncs for %d asked", syncer.calls, syncer.requests)
             self.identity.release()
 
     def _run(self) -> int:
