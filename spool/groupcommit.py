@@ -38,8 +38,6 @@ from .faults import crashpoint
 
 #: How long a leader waits, at most, for other threads' requests on its folder (seconds).
 WINDOW = 0.002
-#: A thread that asked for an fsync this recently (seconds) counts as busy moving jobs.
-RECENT = 0.05
 
 
 def fsync_folder_now(folder: str) -> None:
@@ -79,9 +77,6 @@ class Coalescer:
         self._folders: dict[str, _Folder] = {}
         self._inside = 0  # threads inside sync()
         self._windowing = 0  # leaders waiting out their window
-        #: When each thread last asked for an fsync: the ones that asked within
-        #: ``RECENT`` seconds are busy moving jobs and likely to ask again soon.
-        self._recent: dict[int, float] = {}
         self.calls = 0
         self.requests = 0
 
@@ -94,7 +89,6 @@ class Coalescer:
             if st is None:
                 st = self._folders[key] = _Folder()
             ticket = st.started + 1  # only an fsync that starts from now on will do
-            self._recent[threading.get_ident()] = time.monotonic()
             st.waiting += 1
             self._inside += 1
             self.requests += 1
@@ -141,15 +135,11 @@ class Coalescer:
             cond.notify_all()
 
     def _others(self, st: _Folder) -> int:
-        """Threads that might still come to this folder: busy moving jobs (they asked
-        for an fsync within ``RECENT`` seconds), neither queued here nor leaders
-        waiting out a window of their own elsewhere. A lone thread has none."""
-        now = time.monotonic()
-        me = threading.get_ident()
-        for tid in [t for t, when in self._recent.items() if now - when > RECENT and t != me]:
-            del self._recent[tid]
-        busy = max(len(self._recent), self._inside)
-        return busy - st.waiting - (self._windowing - 1)
+        """Threads in the syncer right now that might still come to this folder: neither
+        queued here nor leaders waiting out a window of their own elsewhere. Only
+        threads already in flight count (a guess about threads busy elsewhere cost
+        every lone job the whole window), so a lone request never waits."""
+        return self._inside - st.waiting - (self._windowing - 1)
 
 
 _installed: Coalescer | None = None
