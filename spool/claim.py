@@ -273,6 +273,7 @@ class PendingIndex:
         """Job IDs that may be claimed now, in claim order (lazily: the caller
         usually stops after a few)."""
         t = time.time()
+        self._trim_head()
         for k in self._sorted:
             if self._keys.get(k.job_id) is not k:
                 continue  # left pending/ since it was indexed
@@ -293,6 +294,18 @@ class PendingIndex:
                     continue
                 del self._delayed[k.job_id]
             yield k.job_id
+
+    def _trim_head(self) -> None:
+        """Drop the claimed (stale) entries at the front of the order: each claim
+        leaves one there, and skipping a growing prefix on every call made a long
+        drain quadratic (100,000 pending: up to 50,000 skipped per claim)."""
+        keys, order = self._keys, self._sorted
+        i = 0
+        while i < len(order) and keys.get(order[i].job_id) is not order[i]:
+            i += 1
+        if i:
+            del order[:i]
+            self._stale = max(0, self._stale - i)
 
     def claimable(self) -> int:
         """Pending jobs this worker could ever claim (not blocked for it; the

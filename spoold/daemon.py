@@ -22,6 +22,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from types import FrameType
 
 from spool import (
@@ -52,6 +53,7 @@ from spool.workers import Heartbeat, Identity
 from .generations import Generations
 from .hooks import Hook, call, default_hooks
 from .policies import AutoRecover
+from .slots import Slot, SlotThreads
 from .waker import Waker
 from .watcher import Watcher
 
@@ -74,7 +76,8 @@ class Daemon:
         self.ctx = Context(tree, cfg, worker, self.journal, self.interrupt)
         self.index = claim.PendingIndex(tree, worker)
         #: One thread per running attempt, whatever pool it draws from.
-        self.slots: dict[str, threading.Thread] = {}
+        self.slots: dict[str, Slot] = {}
+        self.threads = SlotThreads()
         #: What each running attempt holds: a render slot, or a kind's own allowance.
         self.pools = Pools(capacities(cfg))
         #: Why this worker stopped claiming (host quarantine: spool.health), if it did.
@@ -445,9 +448,7 @@ class Daemon:
             if self.generations.drives(pool):
                 self.generations.take(jid)  # no thread, no render slot: polled by the driver
                 continue
-            t = threading.Thread(target=self._run_job, args=(jid,), name=f"job-{jid}", daemon=True)
-            self.slots[jid] = t
-            t.start()
+            self.slots[jid] = self.threads.run(f"job-{jid}", partial(self._run_job, jid))
 
     def _claim_batch(self, claimed: list[tuple[str, str]]) -> None:
         for jid in self.index.ordered():
