@@ -236,3 +236,27 @@ def test_a_crash_mid_claim_batch_leaves_the_jobs_to_recovery(tree: Tree, daemons
     assert d.wait(timeout=60) == 0, d.output()
     assert sorted(visible_names(tree.complete)) == [f"{n}@1.json" for n in names]
     assert _running(tree) == []
+
+
+def test_a_batch_at_once_fsyncs_its_folders_concurrently(tmp_path: Path, watched: Watched):
+    folders = [tmp_path / c for c in "abcd"]
+    for f in folders:
+        f.mkdir()
+    slow: list[tuple[float, float]] = []
+
+    def slow_fsync(folder: str) -> None:
+        t0 = time.monotonic()
+        time.sleep(0.1)  # a slow disk: four in a row would take 0.4 s
+        fsync_folder_now(folder)
+        slow.append((t0, time.monotonic()))
+
+    groupcommit.install(Coalescer(fsync=slow_fsync))
+    t0 = time.monotonic()
+    with together(at_once=True):
+        for f in folders:
+            (f / "entry").touch()
+            fsync_dir(f)
+        assert slow == []
+    assert len(slow) == 4
+    assert time.monotonic() - t0 < 0.3, "the fsyncs ran one after another"
+    assert max(s for s, _ in slow) < min(e for _, e in slow)  # all four were under way together
