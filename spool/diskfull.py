@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 #: Free bytes below which the spool's filesystem counts as full for status.
@@ -40,13 +39,14 @@ def free_bytes(path: Path) -> tuple[int, int] | None:
     return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
 
 
-@dataclass
 class Backoff:
-    """Waits of ``first``, 2x, 4x ... seconds, at most ``most``; ``reset`` on success."""
+    """Waits of ``first``, 2x, 4x ... seconds, at most ``most``; ``reset`` on success.
+    (A plain class: ``spool status`` imports this module, and dataclasses imports inspect.)"""
 
-    first: float = 2.0
-    most: float = 30.0
-    failures: int = 0
+    def __init__(self, first: float = 2.0, most: float = 30.0, failures: int = 0) -> None:
+        self.first = first
+        self.most = most
+        self.failures = failures
 
     def next(self) -> float:
         wait = min(self.most, self.first * 2**self.failures)

@@ -34,20 +34,20 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 from collections.abc import Callable, Iterable
 from datetime import datetime
-from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from . import probe
 from .config import Config
 from .errors import InvalidInput
 from .model import Record, decode, encode, now
 from .tree import Tree, make_dirs, visible_names, write_atomic
+
+if TYPE_CHECKING:  # `spool search` imports this module; FFmpeg and plug-ins load where they run
+    from importlib import metadata
 
 FOLDER = "enrich"
 GROUP = "spool.enrichers"
@@ -129,6 +129,8 @@ Plugin = Callable[[Path, Facts | None], dict[str, Any]]
 
 def plugins() -> dict[str, metadata.EntryPoint]:
     """Installed plug-in enrichers by name (the ``spool.enrichers`` entry points)."""
+    from importlib import metadata
+
     return {ep.name: ep for ep in metadata.entry_points(group=GROUP)}
 
 
@@ -181,6 +183,8 @@ def facts_of(info: dict[str, Any]) -> Facts:
         except (TypeError, ValueError):
             return None
 
+    from . import probe
+
     fps = None
     if v is not None:
         fps = round(probe.rate(v.get("avg_frame_rate")) or probe.rate(v.get("r_frame_rate")), 3) or None
@@ -226,6 +230,8 @@ def parse_analysis(log: str, duration: float | None) -> dict[str, Any]:
 
 def _analyse(path: Path, facts: Facts, wanted: set[str], cfg: Config) -> tuple[dict[str, Any], str]:
     """One FFmpeg decoding pass running the analysis filters asked for."""
+    import subprocess
+
     vf = [f for e, f in (("scenes", "scdet=threshold=10"), ("black", "blackdetect=d=0.1")) if e in wanted]
     af = [
         f
@@ -273,6 +279,8 @@ def enrich_object(
 
     ``path`` must be the verified store file of ``digest``.
     """
+    from . import probe
+
     rec = load(tree, digest) or Enrichment(sha256=digest)
     installed = plugins()
     asked = list(fields) if fields is not None else [*BUILTIN, *sorted(installed)]

@@ -42,7 +42,7 @@ from .errors import InvalidInput, NotFound, NotReady, SpoolError
 from .index import NAME_RE, split_job_id
 from .model import JOB_ID_RE, Manifest
 from .records import read
-from .status import locate, running_workers
+from .status import library_counts, locate, running_workers
 from .tree import Tree, fsync_dir, temp_name
 
 _TERM = re.compile(r"^(?P<field>[a-z][a-z0-9_.-]{0,63})(?P<op><=|>=|!=|<|>|=)(?P<value>.*)$", re.S)
@@ -472,15 +472,9 @@ def copy_to(got: Got, dest_dir: Path, *, link: bool = False) -> Path:
 
 
 def stats(tree: Tree) -> dict[str, Any]:
-    """Cheap library figures for ``spool status`` (two directory listings).
-
-    ``enrichment_backlog`` is the assets without an enrichment record, estimated
-    as assets minus records (equal outputs share a record; older versions may
-    have one): exact counts need a scan, which ``spool enrich`` does anyway.
-    """
-    assets = len(index.names(tree))
-    records = len(enrich.enriched_digests(tree))
-    return {"assets": assets, "enriched_objects": records, "enrichment_backlog": max(0, assets - records)}
+    """Cheap library figures for ``spool status``: :func:`spool.status.library_counts`
+    (which ``spool status`` calls without importing this module)."""
+    return dict(library_counts(tree))
 
 
 def families(tree: Tree, worker: str) -> list[Any]:

@@ -30,27 +30,33 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import msgspec
-
-from . import diskfull, eventlog, intent, liveness, thumbs
-from .config import Config
-from .model import AttemptRecord, Failure, Manifest, Progress, Rejection, WorkerRecord
 from .status import attempt_numbers, read, running_workers, show
-from .tree import HOST, Tree, boot_id, is_visible, visible_names
+from .tree import HOST, Tree, is_visible, visible_names, write_atomic
+
+if TYPE_CHECKING:
+    from . import liveness
+    from .config import Config
+    from .model import Failure, Manifest, Progress
+
+# What is imported at the top is what `spool status --json` on a queue of counts
+# needs: no msgspec (its import alone costs about as much as starting Python), no
+# dataclasses (inspect), no config. Records, worker health, the journal and the
+# library are imported where they are read.
 
 
-@dataclass
 class _Scan:
     """One pass over a folder: how many files, the oldest, the newest few."""
 
-    count: int = 0
-    oldest: float | None = None
-    newest: list[tuple[float, str]] = field(default_factory=list)  # (ctime, name), newest first
+    __slots__ = ("count", "newest", "oldest")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.oldest: float | None = None
+        self.newest: list[tuple[float, str]] = []  # (ctime, name), newest first
 
 
 def _scan(
@@ -66,6 +72,22 @@ def _scan(
     newest ``keep``. ``first`` (without ``stat``) receives the first names listed,
     up to its capacity SAMPLE."""
     out = _Scan()
+    if not stat:
+        # Names only: one os.listdir and a comprehension, no DirEntry per job (a third
+        # of the cost of listing 100,000 jobs with scandir).
+        try:
+            names = os.listdir(folder)
+        except FileNotFoundError:
+            return out
+        # is_visible, inlined: no dotfiles (a temp name starts with a dot).
+        if skip:
+            names = [n for n in names if n.endswith(suffix) and n[0] != "." and not n.endswith(skip)]
+        else:
+            names = [n for n in names if n.endswith(suffix) and n[0] != "."]
+        out.count = len(names)
+        if first is not None:
+            first += names[: SAMPLE - len(first)]
+        return out
     try:
         it = os.scandir(folder)
     except FileNotFoundError:
@@ -76,11 +98,6 @@ def _scan(
             name = e.name
             # is_visible, inlined (this loop runs once per job): no dotfiles, no temp names.
             if name[0] == "." or not name.endswith(suffix) or (skip and name.endswith(skip)):
-                continue
-            if not stat:
-                out.count += 1
-                if first is not None and len(first) < SAMPLE:
-                    first.append(name)
                 continue
             try:
                 ct = e.stat().st_ctime
@@ -120,8 +137,13 @@ def _count_prefix(folder: Path, prefix: str) -> int:
 
 def _oldest_pending_from_daemons(tree: Tree, now: float) -> float | None:
     """The earliest submission time the live daemons' claim indexes report."""
+    names = list(visible_names(tree.workers))
+    if not names:
+        return None
+    from .model import WorkerRecord
+
     times = []
-    for name in visible_names(tree.workers):
+    for name in names:
         path = tree.workers / name
         rec = read(path, WorkerRecord)
         if rec is None or rec.state != "running" or rec.oldest_pending_submitted is None:
@@ -136,30 +158,66 @@ def _oldest_pending_from_daemons(tree: Tree, now: float) -> float | None:
 
 
 def clock(tree: Tree) -> float:
-    """Now, by the file server's clock if we may write a probe file, else ours."""
+    """Now, by the file server's clock if we may write a probe file, else ours.
+
+    The probe of :func:`spool.liveness.server_now`, written here: importing the
+    worker-health module (records, dataclasses) is for a spool that has workers."""
+    probe = tree.workers / f".clock.{HOST}.{os.getpid()}"
     try:
-        return liveness.server_now(tree)
+        write_atomic(probe, b"", durable=False)
+        try:
+            return probe.stat().st_mtime
+        finally:
+            try:
+                probe.unlink()
+            except OSError:
+                pass
     except OSError:
         return time.time()
 
 
-@dataclass
 class QueueScan:
-    """Counts per state and the age of the oldest job of each aged state."""
+    """Counts per state and the age of the oldest job of each aged state.
 
-    counts: dict[str, int]
-    oldest_age: dict[str, float | None]
-    failed: list[tuple[float, str]]
-    rejected: list[tuple[float, str]]
-    #: newest files in quarantine/ (ctime, job file name without .json)
-    quarantined: list[tuple[float, str]]
-    running: list[tuple[str, str, float]]  # (job ID, worker, seconds in running/)
-    #: where the oldest pending age came from: "exact" (a stat of every pending
-    #: file), "workers" (live daemons' heartbeats), "sample" (the oldest of the
-    #: first SAMPLE files listed: a lower bound) or "unknown"
-    pending_age_source: str = "exact"
-    #: pending files stat'ed for that age
-    pending_stated: int = 0
+    ``quarantined``: newest files in quarantine/ (ctime, job file name without
+    .json); ``running``: (job ID, worker, seconds in running/);
+    ``pending_age_source``: where the oldest pending age came from: "exact" (a
+    stat of every pending file), "workers" (live daemons' heartbeats), "sample"
+    (the oldest of the first SAMPLE files listed: a lower bound) or "unknown";
+    ``pending_stated``: pending files stat'ed for that age. (A plain class, not a
+    dataclass: importing dataclasses imports inspect, a tenth of ``spool status``.)
+    """
+
+    __slots__ = (
+        "counts",
+        "failed",
+        "oldest_age",
+        "pending_age_source",
+        "pending_stated",
+        "quarantined",
+        "rejected",
+        "running",
+    )
+
+    def __init__(
+        self,
+        counts: dict[str, int],
+        oldest_age: dict[str, float | None],
+        failed: list[tuple[float, str]],
+        rejected: list[tuple[float, str]],
+        quarantined: list[tuple[float, str]],
+        running: list[tuple[str, str, float]],
+        pending_age_source: str = "exact",
+        pending_stated: int = 0,
+    ) -> None:
+        self.counts = counts
+        self.oldest_age = oldest_age
+        self.failed = failed
+        self.rejected = rejected
+        self.quarantined = quarantined
+        self.running = running
+        self.pending_age_source = pending_age_source
+        self.pending_stated = pending_stated
 
 
 #: Up to this many pending jobs, their age is exact (one stat each: cheap even over
@@ -284,6 +342,10 @@ def disk_used(folder: Path) -> int:
 
 
 def running_rows(tree: Tree, scan: QueueScan) -> list[dict[str, Any]]:
+    if not scan.running:
+        return []
+    from .model import AttemptRecord, Progress
+
     rows = []
     for jid, worker, in_state in scan.running:
         n = latest_attempt(tree, jid)
@@ -312,6 +374,8 @@ def running_rows(tree: Tree, scan: QueueScan) -> list[dict[str, Any]]:
 def generation_states(tree: Tree, running: list[dict[str, Any]]) -> dict[str, int]:
     """Attempts per generation state (``submitted`` ... ``failed``) across the
     running jobs that are generations: one listing of each one's ``gen/``."""
+    if not any(row["attempt"] is not None for row in running):
+        return {}
     from . import generation  # here: only the generation block needs it
 
     counts: dict[str, int] = {}
@@ -326,6 +390,8 @@ def generation_states(tree: Tree, running: list[dict[str, Any]]) -> dict[str, in
 
 def last_failure(tree: Tree, job_id: str) -> Failure | None:
     """The failure record of the job's latest attempt that has one."""
+    from .model import Failure
+
     for n in reversed(attempt_numbers(tree, job_id)):
         f: Failure | None = read(tree.attempt_dir(job_id, n) / "failure.json", Failure)
         if f is not None:
@@ -334,6 +400,10 @@ def last_failure(tree: Tree, job_id: str) -> Failure | None:
 
 
 def failed_rows(tree: Tree, scan: QueueScan) -> list[dict[str, Any]]:
+    if not scan.failed:
+        return []
+    from datetime import UTC, datetime
+
     rows = []
     for ct, jid in scan.failed:
         f = last_failure(tree, jid)
@@ -354,6 +424,10 @@ def failed_rows(tree: Tree, scan: QueueScan) -> list[dict[str, Any]]:
 
 
 def rejected_rows(tree: Tree, scan: QueueScan) -> list[dict[str, Any]]:
+    if not scan.rejected:
+        return []
+    from .model import Rejection
+
     rows = []
     for _ct, name in scan.rejected:
         rec = read(tree.rejected / f"{name}.error.json", Rejection)
@@ -370,8 +444,25 @@ def rejected_rows(tree: Tree, scan: QueueScan) -> list[dict[str, Any]]:
     return rows
 
 
-def worker_rows(tree: Tree, cfg: Config, now: float, running: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _has_workers(tree: Tree) -> bool:
+    """Whether ``workers/`` holds anything to read (a record, a quarantine)."""
+    try:
+        return any(n[0] != "." for n in os.listdir(tree.workers))
+    except FileNotFoundError:
+        return False
+
+
+def worker_rows(
+    tree: Tree, cfg: Config | Callable[[], Config], now: float, running: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     """Every worker with a record, attention first: health, slots, disk, heartbeat."""
+    if not _has_workers(tree):
+        return []
+    if callable(cfg):
+        cfg = cfg()
+    from . import liveness
+    from .model import WorkerRecord
+
     try:
         healths = liveness.assess_all(tree, cfg.recovery.stale_after)
     except OSError:  # a read-only viewer cannot ask the file server for the time
@@ -419,6 +510,9 @@ def _readonly_view(
     """A viewer that may not write to the spool cannot open a worker's lock file,
     so liveness takes a live same-host worker for dead. Correct that from the
     evidence we can see: same boot, and the process exists."""
+    from . import liveness
+    from .tree import boot_id
+
     rec = h.record
     if h.health == "dead" and rec.host == HOST and rec.boot_id == boot_id() and liveness.pid_alive(rec.pid):
         if tree is not None:
@@ -436,6 +530,8 @@ def _instance(worker: str, host: str) -> str:
 
 def disk_state(tree: Tree) -> dict[str, Any] | None:
     """Free and total bytes of the spool's filesystem, and whether it counts as full."""
+    from . import diskfull
+
     got = diskfull.free_bytes(tree.root)
     if got is None:
         return None
@@ -533,6 +629,8 @@ def attention(
 
 def quarantine_attention(tree: Tree, scan: QueueScan) -> list[dict[str, Any]]:
     """Workers in host quarantine, and job files taken out of the queue because they can never run."""
+    if not scan.quarantined and not _has_workers(tree):
+        return []
     from . import health
     from .quarantine import reason_of
 
@@ -570,6 +668,9 @@ def recent_outputs(tree: Tree, limit: int) -> list[dict[str, Any]]:
     """The newest published outputs (by manifest time), with hash and thumbnail."""
     if limit <= 0:
         return []
+    from . import thumbs
+    from .model import Manifest
+
     rows = []
     for _ct, jid in _scan(tree.manifests, stat=True, keep=limit).newest:
         m = read(tree.manifest_file(jid), Manifest)
@@ -592,15 +693,29 @@ def recent_outputs(tree: Tree, limit: int) -> list[dict[str, Any]]:
 
 
 def overview(
-    tree: Tree, cfg: Config, *, limit: int = 10, recent: int = 0, exact: bool = False
+    tree: Tree,
+    cfg: Config | Callable[[], Config],
+    *,
+    limit: int = 10,
+    recent: int = 0,
+    exact: bool = False,
 ) -> dict[str, Any]:
     """Everything the status views show. Keeps the keys of :func:`spool.status.report`
     (``spool``, ``counts``, ``oldest_pending_age``, ``running``, ``failed``,
     ``rejected``, ``workers``) and adds ``oldest_age``, ``attention``, ``recent``,
     and how the pending age was had (``oldest_pending_age_source``, see
-    :class:`QueueScan`; ``oldest_pending_stated``: pending files stat'ed)."""
+    :class:`QueueScan`; ``oldest_pending_stated``: pending files stat'ed).
+
+    ``cfg`` may be a function that loads the config: it is called before the first
+    record is read (a running, failed, rejected or quarantined job, a worker, a
+    recent output), so that the config's secrets are masked in all of them; a
+    queue of counts alone never needs it (``spool status`` on a backlog)."""
     now = clock(tree)
     scan = scan_queue(tree, now, keep=limit, exact=exact)
+    if callable(cfg) and (
+        scan.running or scan.failed or scan.rejected or scan.quarantined or recent > 0 or _has_workers(tree)
+    ):
+        cfg = cfg()
     running = running_rows(tree, scan)
     failed = failed_rows(tree, scan)
     rejected = rejected_rows(tree, scan)
@@ -629,14 +744,18 @@ def overview(
 
 
 def _library_stats(tree: Tree) -> dict[str, Any]:
-    from .library import stats  # the asset library (SPEC 9)
+    from .status import library_counts  # the asset library's figures (SPEC 9), by listings
 
-    return stats(tree)
+    return library_counts(tree)
 
 
 def approvals(tree: Tree, job_id: str, current_sha256: str | None = None) -> list[dict[str, Any]]:
     """Approval records of a job (``approvals/<job>/``), each marked ``current``
     when it approves the output the manifest names now."""
+    import msgspec
+
+    from . import intent
+
     out = []
     for a in intent.approvals(tree, job_id):
         row = msgspec.to_builtins(a)
@@ -649,6 +768,8 @@ def job_detail(tree: Tree, job_id: str) -> dict[str, Any] | None:
     """One job as ``spool show`` and the job page present it: the keys of
     :func:`spool.status.show` plus its ``timeline`` from the journal, ``approvals``
     and the output's ``thumbnail``."""
+    from . import eventlog, thumbs
+
     info = show(tree, job_id)
     if info is None:
         return None

@@ -73,13 +73,32 @@ def job_ids(tree: Tree, state: str) -> list[tuple[str, str | None]]:
     """(job ID, worker) of every job in a state, from names alone."""
     if state == "running":
         return [(n[:-5], w) for w in running_workers(tree) for n in visible_names(tree.running_dir(w))]
+    return [(jid, None) for jid in job_names(tree, state)]
+
+
+def job_names(tree: Tree, state: str) -> list[str]:
+    """Job IDs in a state other than ``running`` (which is per worker), unsorted,
+    from one listing: no per-entry object, so 100,000 names cost little more than
+    the ``getdents`` calls that read them."""
     if state == "rejected":
-        return [(n[:-5], None) for n in visible_names(tree.rejected) if not n.endswith(".error.json")]
-    return [(n[:-5], None) for n in visible_names(tree.root / state)]
+        return [n[:-5] for n in _listed(tree.rejected) if not n.endswith(".error.json")]
+    return [n[:-5] for n in _listed(tree.root / state)]
+
+
+def _listed(folder: Path, suffix: str = ".json") -> list[str]:
+    """:func:`spool.tree.visible_names` as a list, from ``os.listdir`` (a temp name
+    starts with a dot, so a visible one ending in ``suffix`` is a finished file)."""
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return []
+    return [n for n in names if n.endswith(suffix) and n[0] != "."]
 
 
 def count(folder: Path, skip_suffix: str | None = None) -> int:
-    return sum(1 for n in visible_names(folder) if not (skip_suffix and n.endswith(skip_suffix)))
+    if skip_suffix is None:
+        return len(_listed(folder))
+    return sum(1 for n in _listed(folder) if not n.endswith(skip_suffix))
 
 
 def counts(tree: Tree) -> dict[str, int]:
@@ -91,6 +110,24 @@ def counts(tree: Tree) -> dict[str, int]:
     out["quarantine"] = count(tree.quarantine)
     keys = ("incoming", "pending", "held", "running", "complete", "failed", "rejected", "quarantine")
     return {k: out[k] for k in keys}
+
+
+def library_counts(tree: Tree) -> dict[str, int]:
+    """Cheap library figures for ``spool status`` (two directory listings, no import
+    of the library's search machinery: :func:`spool.library.stats` is this).
+
+    ``assets``: names with at least one indexed version (``library/<name>/``);
+    ``enriched_objects``: enrichment records (``enrich/<sha256>.json``);
+    ``enrichment_backlog``: assets without an enrichment record, estimated as
+    assets minus records (equal outputs share a record; older versions may have
+    one): exact counts need a scan, which ``spool enrich`` does anyway.
+    """
+    try:
+        assets = sum(1 for n in os.listdir(tree.root / "library") if n[0] != ".")
+    except FileNotFoundError:
+        assets = 0
+    records = count(tree.root / "enrich")
+    return {"assets": assets, "enriched_objects": records, "enrichment_backlog": max(0, assets - records)}
 
 
 def load_job(tree: Tree, job_id: str) -> tuple[Job, Location] | None:

@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 from conftest import BIN, SPOOL, minimal, run_cli, write_json
+from libhelp import allow_noop, noop_sub, publish, tags_for
+
+from spool.cli import plain
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "s3cr3tValue99"
@@ -50,21 +53,37 @@ def _job(tree, assets, name: str = "lean") -> str:
     return run_cli("submit", str(path), spool=tree, check=True).stdout.strip()
 
 
-def test_status_ls_show_and_submit_never_import_typer_and_json_never_rich(tree, assets):
+def test_commands_scripts_loop_over_import_no_framework_and_counting_no_msgspec(tree, assets):
     job = _job(tree, assets)
     sub = write_json(tree.root.parent / "again.json", minimal(assets, name="again"))
     spool = ("--spool", str(tree.root))
-    framework = {"typer", "rich", "click"}
-    for args in (("status", "--json"), ("ls", "pending"), ("ls", "--json")):
+    framework = {"typer", "rich", "click", "httpx"}
+    for args in (
+        ("status", "--json"),
+        ("ls", "pending"),
+        ("ls", "--json"),
+        ("show", job, "--json"),  # decodes the job: every kind, but no provider client
+        ("submit", str(sub)),
+        ("search", "--json", "campaign=mug"),
+        ("get", "--json", "nosuch"),
+        ("show", "lean"),  # an asset name: its versions
+    ):
         loaded = _imports(*args, *spool)
         assert not loaded & framework, (args, loaded & framework)
-    # show and submit decode job files, which loads every job kind: the generation
-    # kind's provider clients import httpx, and httpx imports click and rich for a CLI
-    # of its own. typer, the help renderer, stays out all the same.
-    for args in (("show", job, "--json"), ("submit", str(sub))):
-        assert "typer" not in _imports(*args, *spool), args
+    # A queue of counts (nothing running, failed or rejected, no worker) is counted
+    # without msgspec or the config; the human view imports rich, never typer.
+    assert "msgspec" not in _imports("status", "--json", *spool)
     human = _imports("status", *spool)
-    assert "rich" in human and "typer" not in human  # rich lays out what people read
+    assert "rich" in human and "typer" not in human
+
+
+def test_status_reads_the_config_only_when_it_reads_a_record(tree):
+    (tree.root / "spool.toml").write_text("[limits\nbroken")
+    counted = run_cli("status", "--json", spool=tree)
+    assert counted.returncode == 0 and json.loads(counted.stdout)["counts"]["pending"] == 0
+    (tree.root / "workers" / "w1.json").write_text("{}")  # a worker to judge: the config is read
+    judged = run_cli("status", "--json", spool=tree)
+    assert judged.returncode == 2 and "spool.toml" in json.loads(judged.stdout)["error"]
 
 
 def test_fast_commands_print_what_typer_prints(tree, assets):
@@ -113,6 +132,54 @@ def test_a_rejected_submission_reads_the_same_and_stays_masked(tree, assets):
         else:  # each rejection is kept under its own name in rejected/
             a, b = json.loads(fast.stdout)[0], json.loads(slow.stdout)[0]
             assert a.pop("rejected") != b.pop("rejected") and a == b
+
+
+def test_library_commands_print_what_typer_prints(tree, tmp_path):
+    cfg = allow_noop(tree)
+    for i in range(3):
+        publish(tree, cfg, noop_sub(f"a{i}", tags=tags_for(i)))
+    publish(tree, cfg, noop_sub("a0", revision=2, tags=tags_for(0)))
+    out = tmp_path / "out"
+    out.mkdir()
+    spool = ("--spool", str(tree.root))
+    for args in (
+        ("search", *spool),
+        ("search", "--json", "campaign=c0", "--all-versions", *spool),
+        ("search", "--limit", "1", "--visibility", "public", "--json", *spool),
+        ("search", "director=bob", *spool),  # exit 2: not an indexed tag
+        ("search", "--json", "loudness<loud", *spool),
+        ("get", "a1", *spool),
+        ("get", "--json", "a0@1", *spool),
+        ("get", "nosuch", "--json", *spool),  # exit 4
+        ("get", "Not A Name", *spool),  # exit 2
+        ("get", "a2", "--to", str(out), "--json", *spool),
+        ("get", "a2", "--to", str(out), *spool),  # exit 1: never replaced
+        ("show", "a0", *spool),  # an asset name: its versions
+        ("show", "a0", "--json", *spool),
+        ("show", "nosuch", *spool),  # exit 4
+    ):
+        fast, slow = _both(*args)
+        assert (fast.returncode, fast.stdout, fast.stderr) == (slow.returncode, slow.stdout, slow.stderr), (
+            args
+        )
+
+
+def test_small_plain_json_is_written_by_the_stdlib_byte_for_byte_as_msgspec_writes_it():
+    import msgspec
+
+    value = {
+        "counts": {"pending": 1000, "big": 2**63 - 1, "neg": -5},
+        "ages": [0.1, 224.4, 1796042507.8826513, 0.0, -0.0, 100.0, None],
+        "text": ["é", "\u2028", "tab\there", 'quote " back \\', "\x00\x1f\x7f", "😀", ""],
+        "flags": (True, False),
+        "empty": [{}, []],
+    }
+    assert plain._plain(value, [plain._STDLIB_NODES])
+    assert plain._stdlib_json(value) == msgspec.json.format(msgspec.json.encode(value), indent=2) + b"\n"
+    # what the two write differently goes to msgspec: exponents, nan and inf, odd keys,
+    # records, and more values than the stdlib's encoder writes faster than msgspec loads
+    for odd in (1e16, 1e-5, float("nan"), float("inf"), {1: "a"}, 2**64, b"x", list(range(5000))):
+        assert not plain._plain({"x": odd}, [plain._STDLIB_NODES]), odd
 
 
 def test_help_and_unknown_options_still_go_through_typer(tree):

@@ -25,10 +25,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import EXIT_INVALID, InvalidInput, NotFound, SpoolError
-from .plain import before_command, echo, fail, open_spool, open_tree, print_json, unsecret
+from .plain import before_command, echo, fail, load_config, open_spool, open_tree, print_json, unsecret
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+    from ..config import Config
 
 #: What ``spool ls`` lists, in its order.
 LS_STATES = ("pending", "held", "running", "complete", "failed", "rejected")
@@ -50,11 +52,26 @@ def console() -> Console:
 
 
 def status(spool: Path | None, as_json: bool, exact: bool = False) -> None:
-    """``spool status``: the overview every status view is drawn from."""
+    """``spool status``: the overview every status view is drawn from.
+
+    The config is read only when the overview reads a record (a worker, a failure:
+    what its secrets must be masked in, what its staleness judges): counting a
+    backlog needs neither it nor msgspec, whose import costs as much as Python's
+    start-up."""
     from .. import overview
 
-    tree, cfg = open_spool(spool, as_json)
-    ov = overview.overview(tree, cfg, exact=exact)
+    try:
+        tree = open_tree(spool)
+    except SpoolError as exc:
+        raise fail(exc, as_json) from None
+
+    def config() -> Config:
+        try:
+            return load_config(tree)
+        except SpoolError as exc:
+            raise fail(exc, as_json) from None
+
+    ov = overview.overview(tree, config, exact=exact)
     if as_json:
         print_json(ov)
         return
@@ -73,16 +90,31 @@ def ls(state: str | None, spool: Path | None, as_json: bool) -> None:
             raise InvalidInput("STATE", f"{state!r} is not one of {', '.join(LS_STATES)}")
     except SpoolError as exc:
         raise fail(exc, as_json) from None
-    found = [(s, sorted(status.job_ids(tree, s))) for s in ([state] if state else LS_STATES)]
+    # Sorted job IDs per state; running/ is per worker: (job ID, worker) pairs there.
+    found: list[tuple[str, list[Any]]] = [
+        (s, sorted(status.job_ids(tree, s) if s == "running" else status.job_names(tree, s)))
+        for s in ([state] if state else LS_STATES)
+    ]
     if as_json:
-        print_json([{"job_id": jid, "state": s, "worker": w} for s, ids in found for jid, w in ids])
+        print_json(
+            [
+                {"job_id": jid, "state": s, "worker": w}
+                for s, ids in found
+                for jid, w in (ids if s == "running" else ((jid, None) for jid in ids))
+            ]
+        )
         return
     import sys
 
     # One write: 100,000 lines masked and written one by one cost more than listing them.
-    sys.stdout.write(
-        "".join(f"{s:<9} {jid}" + (f"  {w}" if w else "") + "\n" for s, ids in found for jid, w in ids)
-    )
+    lines = []
+    for s, ids in found:
+        if s == "running":
+            lines += [f"{s:<9} {jid}  {w}" for jid, w in ids]
+        elif ids:  # one join, not a format per line (100,000 pending jobs)
+            head = f"{s:<9} "
+            lines.append(head + f"\n{head}".join(ids))
+    sys.stdout.write("".join(line + "\n" for line in lines))
 
 
 def job_info(job: str, spool: Path | None, as_json: bool) -> dict[str, Any]:
@@ -175,6 +207,95 @@ def unreadable(path: Path) -> SpoolError | None:
     return None
 
 
+def search(
+    terms: list[str],
+    spool: Path | None,
+    as_json: bool,
+    all_versions: bool = False,
+    visibility: list[str] | None = None,
+    do_enrich: bool = False,
+    limit: int | None = None,
+) -> None:
+    """``spool search``: current asset versions by tags and enrichment; every hit's
+    store file exists."""
+    import re
+
+    from .. import enrich, library
+
+    tree, cfg = open_spool(spool, as_json)
+    try:
+        # Only a dotted field (``plugin.key``) can name a plug-in's value: the entry-point
+        # lookup (importlib.metadata, a fifth of the command) is for a query that has one.
+        dotted = any("." in re.split(r"[<>!=]", t, maxsplit=1)[0] for t in terms)
+        query = library.parse_terms(terms, enrich.plugins() if dotted else ())
+        if do_enrich and query.comparisons:
+            tag_only = library.Query(query.tags, [])
+            base = library.search(tree, cfg, tag_only, all_versions=all_versions, visibility=visibility or ())
+            fields = {enrich.enricher_of(c.field, enrich.plugins()) for c in query.comparisons}
+            for hit in base.results:
+                enrich.enrich_object(
+                    tree, cfg, hit.sha256, tree.root / hit.path, sorted(f for f in fields if f)
+                )
+        result = library.search(
+            tree, cfg, query, all_versions=all_versions, visibility=visibility or (), limit=limit
+        )
+    except SpoolError as exc:
+        raise fail(exc, as_json) from None
+    if as_json:
+        print_json(result)
+        return
+    for h in result.results:
+        tags = " ".join(f"{k}={v}" for k, v in sorted(h.tags.items()))
+        dur = f"{h.duration:.2f}s" if h.duration is not None else "-"
+        echo(f"{h.job}\t{h.sha256[:12]}\t{h.resolution or '-'}\t{dur}\t{h.path}\t{tags}")
+    for f, n in sorted(result.partial.items()):
+        echo(
+            f"partial: {n} matching asset(s) could not be judged on {f} (spool enrich, or --enrich)", err=True
+        )
+
+
+def get(ref: str, spool: Path | None, as_json: bool, to: Path | None = None, link: bool = False) -> None:
+    """``spool get``: the path of a verified published file, or a verified copy in ``to``."""
+    from .. import library
+
+    tree = open_spool(spool, as_json)[0]
+    try:
+        got = library.resolve(tree, ref)
+        path = library.copy_to(got, to, link=link) if to is not None else got.path
+    except SpoolError as exc:
+        raise fail(exc, as_json) from None
+    except OSError as exc:
+        raise fail(SpoolError(f"{ref}: {exc.strerror or exc}"), as_json) from None
+    if as_json:
+        print_json({"job": got.job, "sha256": got.sha256, "path": str(path)})
+        return
+    echo(str(path))
+
+
+def show_asset(name: str, spool: Path | None, as_json: bool) -> None:
+    """``spool show NAME`` (no ``@``): the versions of an asset and which one is current."""
+    from .. import library
+    from ..model import Manifest
+    from ..records import read
+
+    try:
+        tree = open_tree(spool)
+    except SpoolError as exc:
+        raise fail(exc, as_json) from None
+    vs = library.versions(tree, name)
+    if not vs:
+        raise fail(NotFound(f"no asset or job {name} in {tree.root}"), as_json)
+    if as_json:
+        cur = next((v.job for v in vs if v.current), None)
+        print_json({"name": name, "current": cur, "versions": vs})
+        return
+    for v in vs:
+        m = read(tree.manifest_file(v.job), Manifest)
+        when = "-" if m is None else m.published_at.isoformat(timespec="seconds")
+        mark = "* current" if v.current else ""
+        echo(f"{v.job}\t{v.state}\t{(v.sha256 or '-')[:12]}\t{when}\t{mark}".rstrip())
+
+
 # -- the command line -------------------------------------------------------------------
 
 
@@ -205,9 +326,23 @@ def _encodable(value: str) -> bool:
     return True
 
 
+#: Per fast command: its flags and the options that take a value (besides ``--spool``).
+FLAGS = {
+    "status": {"--json", "--exact"},
+    "ls": {"--json"},
+    "show": {"--json"},
+    "submit": {"--json"},
+    "search": {"--json", "--all-versions", "--enrich"},
+    "get": {"--json", "--link"},
+}
+VALUED = {"search": {"--limit", "--visibility"}, "get": {"--to"}}
+#: Valued options that may be given more than once (each adds a value).
+REPEATABLE = {"--visibility"}
+
+
 def parse(argv: list[str]) -> Callable[[], None] | None:
     """The fast command ``argv`` asks for, ready to run, or ``None`` to let typer
-    handle it (help, usage errors, human output that rich lays out)."""
+    handle it (help, usage errors, anything it would read differently)."""
     spool_before: str | None = None
     i = 0
     while i < len(argv) and argv[i].startswith("-"):  # options before the command: only --spool
@@ -218,43 +353,79 @@ def parse(argv: list[str]) -> Callable[[], None] | None:
             spool_before, i = arg.removeprefix("--spool="), i + 1
         else:
             return None
-    if i >= len(argv):
+    if i >= len(argv) or argv[i] not in FLAGS:
         return None
     command, rest = argv[i], argv[i + 1 :]
+    flags, valued = FLAGS[command], VALUED.get(command, set()) | {"--spool"}
     args: list[str] = []
-    as_json = exact = False
-    spool: str | None = None
+    given: set[str] = set()
+    values: dict[str, list[str]] = {}
     j = 0
     while j < len(rest):
         arg = rest[j]
-        if arg == "--json":
-            as_json = True
-        elif arg == "--exact" and command == "status":
-            exact = True
-        elif arg == "--spool" and j + 1 < len(rest) and spool is None:
-            spool = rest[j + 1]
-            j += 1
-        elif arg.startswith("--spool=") and spool is None:
-            spool = arg.removeprefix("--spool=")
+        name, eq, inline = arg.partition("=")
+        if arg in flags:
+            given.add(arg)
+        elif name in valued and (eq or j + 1 < len(rest)):
+            if name in values and name not in REPEATABLE:
+                return None  # given twice: typer says which one wins
+            if not eq:
+                j += 1
+            values.setdefault(name, []).append(inline if eq else rest[j])
         elif arg.startswith("-"):
             return None  # --help, --, an option of another command, a typo: typer says what
         else:
             args.append(arg)
         j += 1
-    for value in (spool_before, spool):
+    spool = values.get("--spool", [None])[0]
+    for value in (spool_before, spool, *values.get("--to", [])):
         if value is not None and not _click_accepts(value):
             return None
-    if any("\x00" in a or not _encodable(a) for a in args):
+    if any(not v or v.startswith("-") for v in values.get("--visibility", [])):
+        return None  # a value that looks like an option: typer says what it makes of it
+    if any("\x00" in a or not _encodable(a) for a in [*args, *values.get("--visibility", [])]):
         return None
+    limit: int | None = None
+    if "--limit" in values:
+        text = values["--limit"][0]
+        if not (text.isascii() and text.isdigit() and int(text) >= 1):
+            return None  # typer words the usage error
+        limit = int(text)
     before_command["spool"] = Path(spool_before) if spool_before is not None else None
     where = Path(spool) if spool is not None else None
+    as_json = "--json" in given
+    run = _command(command, args, where, as_json, given, values, limit)
+    if run is None:
+        before_command["spool"] = None
+    return run
+
+
+def _command(
+    command: str,
+    args: list[str],
+    where: Path | None,
+    as_json: bool,
+    given: set[str],
+    values: dict[str, list[str]],
+    limit: int | None,
+) -> Callable[[], None] | None:
+    """The parsed command line as a call, or ``None`` where typer must answer."""
     if command == "status" and not args:
-        return partial(status, where, as_json, exact)
+        return partial(status, where, as_json, "--exact" in given)
     if command == "ls" and len(args) <= 1:
         return partial(ls, args[0] if args else None, where, as_json)
-    if command == "show" and len(args) == 1 and "@" in args[0]:  # an asset name: the library
-        return partial(show, args[0], where, as_json)
+    if command == "show" and len(args) == 1:
+        if "@" in args[0]:
+            return partial(show, args[0], where, as_json)
+        return partial(show_asset, args[0], where, as_json)  # an asset name: the library
     if command == "submit" and args and all(_click_accepts(a) for a in args):
         return partial(submit, [Path(a) for a in args], where, as_json)
-    before_command["spool"] = None
+    if command == "search":
+        visibility = values.get("--visibility")
+        return partial(
+            search, args, where, as_json, "--all-versions" in given, visibility, "--enrich" in given, limit
+        )
+    if command == "get" and len(args) == 1:
+        to = values.get("--to")
+        return partial(get, args[0], where, as_json, Path(to[0]) if to else None, "--link" in given)
     return None

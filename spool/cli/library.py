@@ -8,12 +8,12 @@ from typing import Annotated, Any
 import typer
 
 from .. import enrich, index, library
-from ..errors import InvalidInput, NotFound, SpoolError
+from ..errors import InvalidInput, SpoolError
 from ..index import NAME_RE
-from ..model import JOB_ID_RE, Manifest
-from ..records import read
+from ..model import JOB_ID_RE
 from ..tree import Tree
-from .common import JsonOpt, SpoolOpt, app, fail, human_seconds, open_spool, print_json
+from . import fast
+from .common import JsonOpt, SpoolOpt, app, fail, open_spool, print_json
 
 
 @app.command("search")
@@ -35,33 +35,7 @@ def search_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Find current asset versions by tags and enrichment; every hit's store file exists."""
-    tree, cfg = open_spool(spool, as_json)
-    try:
-        query = library.parse_terms(terms or [], enrich.plugins())
-        if do_enrich and query.comparisons:
-            tag_only = library.Query(query.tags, [])
-            base = library.search(tree, cfg, tag_only, all_versions=all_versions, visibility=visibility or ())
-            fields = {enrich.enricher_of(c.field, enrich.plugins()) for c in query.comparisons}
-            for hit in base.results:
-                enrich.enrich_object(
-                    tree, cfg, hit.sha256, tree.root / hit.path, sorted(f for f in fields if f)
-                )
-        result = library.search(
-            tree, cfg, query, all_versions=all_versions, visibility=visibility or (), limit=limit
-        )
-    except SpoolError as exc:
-        raise fail(exc, as_json) from None
-    if as_json:
-        print_json(result)
-        return
-    for h in result.results:
-        tags = " ".join(f"{k}={v}" for k, v in sorted(h.tags.items()))
-        dur = f"{h.duration:.2f}s" if h.duration is not None else "-"
-        typer.echo(f"{h.job}\t{h.sha256[:12]}\t{h.resolution or '-'}\t{dur}\t{h.path}\t{tags}")
-    for f, n in sorted(result.partial.items()):
-        typer.echo(
-            f"partial: {n} matching asset(s) could not be judged on {f} (spool enrich, or --enrich)", err=True
-        )
+    fast.search(terms or [], spool, as_json, all_versions, visibility, do_enrich, limit)
 
 
 @app.command("get")
@@ -80,18 +54,7 @@ def get_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Print the path of a verified published file, or put a verified copy into --to."""
-    tree, _cfg = open_spool(spool, as_json)
-    try:
-        got = library.resolve(tree, ref)
-        path = library.copy_to(got, to, link=link) if to is not None else got.path
-    except SpoolError as exc:
-        raise fail(exc, as_json) from None
-    except OSError as exc:
-        raise fail(SpoolError(f"{ref}: {exc.strerror or exc}"), as_json) from None
-    if as_json:
-        print_json({"job": got.job, "sha256": got.sha256, "path": str(path)})
-        return
-    typer.echo(str(path))
+    fast.get(ref, spool, as_json, to, link)
 
 
 @app.command("enrich")
@@ -188,19 +151,3 @@ def index_cmd(
             typer.echo(f"stored -> indexed: median {delay['median']:.4f} s, max {delay['max']:.4f} s")
     if any(not f.repaired for f in findings):
         raise typer.Exit(1)
-
-
-def show_asset(tree: Tree, name: str, as_json: bool) -> None:
-    """``spool show NAME``: the versions of an asset and which one is current."""
-    vs = library.versions(tree, name)
-    if not vs:
-        raise fail(NotFound(f"no asset or job {name} in {tree.root}"), as_json)
-    if as_json:
-        cur = next((v.job for v in vs if v.current), None)
-        print_json({"name": name, "current": cur, "versions": vs})
-        return
-    for v in vs:
-        m = read(tree.manifest_file(v.job), Manifest)
-        when = human_seconds(0) if m is None else m.published_at.isoformat(timespec="seconds")
-        mark = "* current" if v.current else ""
-        typer.echo(f"{v.job}\t{v.state}\t{(v.sha256 or '-')[:12]}\t{when if m else '-'}\t{mark}".rstrip())

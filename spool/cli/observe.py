@@ -81,13 +81,7 @@ def show(
 ) -> None:
     """One job: its timeline, attempts, failure, manifest and approvals."""
     if "@" not in job:  # an asset name: its versions (the library, SPEC 9)
-        from .library import show_asset
-
-        try:
-            tree = open_tree(spool)
-        except SpoolError as exc:
-            raise fail(exc, as_json) from None
-        return show_asset(tree, job, as_json)
+        return fast.show_asset(job, spool, as_json)
     fast.show(job, spool, as_json)
 
 

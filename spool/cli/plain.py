@@ -83,12 +83,13 @@ def unsecret(value: Any) -> Any:
     JSON (which escapes some characters a secret may hold)."""
     if not secrets.known():
         return value  # nothing to mask: skip the walk (100,000 rows of `spool ls --json`)
-    import msgspec  # here: `spool ls` prints names and never needs it
+    # A record exists only where msgspec was imported to decode it: never import it here.
+    msgspec = sys.modules.get("msgspec")
 
     def walk(value: Any) -> Any:
         if isinstance(value, str):
             return secrets.redact(value)
-        if isinstance(value, msgspec.Struct):
+        if msgspec is not None and isinstance(value, msgspec.Struct):
             changed = {}
             for name in value.__struct_fields__:
                 old = getattr(value, name)
@@ -158,11 +159,54 @@ def _upwards(start: Path) -> Iterator[Path]:
 
 
 def print_json(value: Any) -> None:
-    """``value`` as indented JSON on stdout, every string in it masked."""
+    """``value`` as indented JSON on stdout, every string in it masked.
+
+    msgspec writes it, unless ``value`` is small plain data and msgspec is not yet
+    imported (``spool status --json`` on a queue of counts): then the standard
+    library writes the same bytes (:func:`_stdlib_json`), without an import that
+    costs as much as Python's start-up."""
+    if "msgspec" not in sys.modules and _plain(value, [_STDLIB_NODES]):
+        sys.stdout.buffer.write(_stdlib_json(unsecret(value)))
+        return
     import msgspec
 
     data = unsecret(msgspec.to_builtins(value))
     sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(data), indent=2) + b"\n")
+
+
+#: Up to this many values the standard library's (pure Python, when indenting)
+#: encoder is cheaper than importing msgspec; beyond, msgspec is.
+_STDLIB_NODES = 2000
+
+
+def _plain(value: Any, budget: list[int]) -> bool:
+    """Whether ``value`` is made of ``budget[0]`` values at most, each one whose JSON
+    the standard library writes byte for byte as msgspec does: str keys, str, bool,
+    None, 64-bit ints, lists, tuples, and floats whose repr has no exponent (msgspec
+    writes ``1e16``, Python ``1e+16``; ``nan`` and ``inf`` differ too)."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        return False
+    if value is None or isinstance(value, (str, bool)):
+        return True
+    if isinstance(value, int):
+        return -(2**63) <= value < 2**64
+    if isinstance(value, float):
+        r = repr(value)
+        return "e" not in r and "n" not in r  # no exponent, no inf or nan
+    if isinstance(value, dict):
+        return all(type(k) is str and _plain(v, budget) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v, budget) for v in value)
+    return False
+
+
+def _stdlib_json(value: Any) -> bytes:
+    """What ``msgspec.json.format(msgspec.json.encode(value), indent=2)`` writes, plus a
+    newline, for a value :func:`_plain` accepts (``tests/test_cli_lean.py`` compares)."""
+    import json
+
+    return json.dumps(value, indent=2, ensure_ascii=False).encode("utf-8") + b"\n"
 
 
 def fail(exc: SpoolError, as_json: bool) -> SystemExit:

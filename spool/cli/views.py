@@ -5,15 +5,17 @@ come from :mod:`spool.overview` and :mod:`spool.eventlog`."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Group, RenderableType
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from ..model import Event, Failure, Manifest, Progress
 from .plain import human_seconds
+
+if TYPE_CHECKING:  # records are laid out, never decoded here: `spool status` needs no msgspec
+    from ..model import Event, Failure, Manifest, Progress
 
 STATE_STYLE = {
     "incoming": "cyan",

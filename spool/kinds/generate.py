@@ -31,13 +31,18 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Protocol
 
 import msgspec
 
-from .. import generation, intent, spending, store
+from .. import (
+    generation,
+    intent,
+    providers,  # its HTTP side (httpx, which imports click and rich) loads on first use
+    spending,
+    store,
+)
 from ..decoding import convert
 from ..errors import Failed, Interrupted, InvalidInput
 from ..faults import crashpoint
 from ..model import JobBase, Output, Record, ValidationReport, now
 from ..polling import PollScheduler
-from ..providers import CHECK_PROVIDER, Provider, ProviderError, open_provider
 from ..providers.config import pool_name
 from ..tree import fsync_dir, write_atomic
 from ..validate import validate
@@ -48,6 +53,7 @@ if TYPE_CHECKING:
     from ..attempt import Attempt
     from ..config import Config
     from ..context import Context
+    from ..providers import Provider, ProviderError
     from ..tree import Tree
 
 ProviderName = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")]
@@ -205,7 +211,7 @@ KIND = Generate()
 
 def open_for(cfg: Config, name: str) -> Provider:
     """A live client of ``[providers.<name>]`` (the token comes from the environment now)."""
-    return open_provider(cfg.provider_configs[name])
+    return providers.open_provider(cfg.provider_configs[name])
 
 
 # -- the steps -------------------------------------------------------------------------
@@ -333,7 +339,7 @@ def create(ctx: Context, job: GenerateJob, attempt: Attempt, provider: Provider)
             next_action=f"Wait, then spool retry {job.job_id}; or raise [providers.{cfgp.name}] "
             "spending in spool.toml if the volume is intended.",
         ) from None
-    except ProviderError as e:
+    except providers.ProviderError as e:
         if e.outcome == "ambiguous":
             # The create may have reached the provider: look it up, never resubmit blindly.
             _event(ctx, job, attempt, "submitted", "submitted", f"create reply lost ({e.code}); finding it")
@@ -370,7 +376,7 @@ def settle_submitted(
         since = rec.at if rec.at.tzinfo else rec.at.replace(tzinfo=now().tzinfo)
         try:
             lookup = provider.find(job.generate.model, job.generate.input, rec.intent.key, since)
-        except ProviderError as e:
+        except providers.ProviderError as e:
             if e.retryable:
                 return Next("wait", wait=max(FIND_AGAIN, e.retry_after or 0.0))
             raise _provider_failure(e, "looking up the job a lost create made failed") from None
@@ -394,7 +400,7 @@ def settle_submitted(
         f"the create request's fate cannot be told: {d.reason}",
         expected="one provider job for this attempt",
         actual=d.reason,
-        next_action=(d.next_action or CHECK_PROVIDER).capitalize() + ".",
+        next_action=(d.next_action or providers.CHECK_PROVIDER).capitalize() + ".",
     )
 
 
@@ -419,7 +425,7 @@ def poll(ctx: Context, job: GenerateJob, attempt: Attempt, provider: Provider, v
         )
     try:
         rj = provider.get(rec.provider_job_id)
-    except ProviderError as e:
+    except providers.ProviderError as e:
         progress.polls += 1
         progress.errors += 1
         progress.rate_limited += e.code == "rate_limited"
@@ -459,7 +465,7 @@ def poll(ctx: Context, job: GenerateJob, attempt: Attempt, provider: Provider, v
 def _cancel_at_provider(provider: Provider, provider_job_id: str) -> None:
     try:
         provider.cancel(provider_job_id)
-    except ProviderError:
+    except providers.ProviderError:
         pass  # already final, or unreachable: the attempt is abandoned either way
 
 
@@ -518,7 +524,7 @@ def download(ctx: Context, job: GenerateJob, attempt: Attempt, provider: Provide
         try:
             got = provider.download(url, dest)
             break
-        except ProviderError as e:
+        except providers.ProviderError as e:
             if e.outcome != "retryable" or n == DOWNLOAD_TRIES:
                 f = _provider_failure(e, f"downloading the output failed (try {n} of {DOWNLOAD_TRIES})")
                 f.property = "provider.download"
@@ -604,7 +610,7 @@ def record_late(ctx: Context, attempt: Attempt, provider: Provider) -> bool:
         return True
     try:
         rj = provider.get(pid)
-    except ProviderError as e:
+    except providers.ProviderError as e:
         return not e.retryable
     if rj.status == "succeeded":
         late = generation.LateCompletion(
