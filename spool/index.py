@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .faults import crashpoint
-from .groupcommit import together
 from .model import JOB_ID_RE, Manifest, Record, decode, encode, now
 from .tree import Tree, fsync_dir, make_dirs, visible_names, write_atomic
 
@@ -151,6 +150,8 @@ def index_job(tree: Tree, manifest: Manifest, required_tags: list[str]) -> None:
 
     Idempotent: the publish path, recovery and fsck all call it.
     """
+    from .groupcommit import together  # here: search and get import this module, never this
+
     # The tag folders' fsyncs need no order among themselves, only to be done before
     # the version record: issued at once, the filesystem commits them together.
     with together(at_once=True):

@@ -23,12 +23,11 @@ import errno
 import os
 import re
 import stat
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-from .groupcommit import sync_folder
 
 #: The queue states that are folders of job files (``held`` is pending, set aside
 #: by an operator; ``running`` holds one folder per worker).
@@ -161,8 +160,18 @@ def fsync_dir(path: Path) -> None:
 
     Through :mod:`spool.groupcommit`: a plain fsync, unless a daemon installed
     a coalescer (threads share one fsync of a folder) or this thread is in a
-    ``together()`` batch (done when the batch ends, before anything is told)."""
-    sync_folder(path)
+    ``together()`` batch (done when the batch ends, before anything is told).
+    Neither can be so unless that module was imported, so a command that never
+    imports it (the lean CLI) does not pay for it (threading, its lock)."""
+    gc = sys.modules.get("spool.groupcommit")
+    if gc is not None:
+        gc.sync_folder(path)
+        return
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_atomic(
