@@ -30,17 +30,18 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 import msgspec
 
-from . import kinds, recipe
+from . import groupcommit, kinds, recipe
 from .arrivals import Arrivals
 from .config import Config
 from .decoding import convert, parse_json
 from .diskfull import is_disk_full
 from .errors import InvalidInput
 from .events import Journal
+from .faults import crashpoint
 from .model import (
     Expect,
     Rejection,
@@ -163,13 +164,16 @@ def commit(tree: Tree, job: Job) -> Path:
     """Write the frozen job into ``pending/`` (see the module docstring's order)."""
     data = encode(job)
     jid = job.job_id
-    _reserve(tree, jid, data)
+    _reserve(tree, jid, job.submission_sha256)
     dest = tree.job_file("pending", jid)
     try:
         write_atomic(dest, data, replace=False)
     except FileExistsError:
         raise InvalidInput("name", f"job {jid} already exists; submit a new revision") from None
-    write_atomic(tree.job_attempts(jid) / JOB_COPY, data, mode=0o444)  # for fsck (issue 11.14)
+    # For fsck (issue 11.14). Its folder is fsynced with the first attempt's number
+    # (attempt.open_attempt): until then the job file itself is durable in pending/,
+    # and the copy only matters once that file has gone missing.
+    write_atomic(tree.job_attempts(jid) / JOB_COPY, data, mode=0o444, folder_later=True)
     return dest
 
 
@@ -180,13 +184,15 @@ def commit(tree: Tree, job: Job) -> Path:
 JOB_COPY = "job.json"
 
 
-def _reserve(tree: Tree, jid: str, data: bytes) -> None:
+def _reserve(tree: Tree, jid: str, submission_sha256: str | None) -> None:
     folder = tree.job_attempts(jid)
     try:
         os.mkdir(folder)
     except FileExistsError:
-        # An empty reservation with no job anywhere is a crashed acceptance's.
-        if locate(tree, jid) is not None or any(os.scandir(folder)):
+        # An empty reservation with no job anywhere is a crashed acceptance's, and so
+        # is one holding only this same submission's frozen copy (an acceptance batch
+        # cut short before its folders were fsynced: any of its names may survive).
+        if locate(tree, jid) is not None or not _crashed_acceptance(folder, submission_sha256):
             raise InvalidInput(
                 "name",
                 f"job {jid} already exists; submit revision {_next_revision(tree, jid)} instead",
@@ -194,6 +200,19 @@ def _reserve(tree: Tree, jid: str, data: bytes) -> None:
     else:
         # Durable now: every attempt folder of the job will live under this entry.
         fsync_dir(tree.attempts)
+
+
+def _crashed_acceptance(folder: Path, submission_sha256: str | None) -> bool:
+    names = os.listdir(folder)
+    if not names:
+        return True
+    if names != [JOB_COPY] or submission_sha256 is None:
+        return False
+    try:
+        copy = parse_json((folder / JOB_COPY).read_bytes())
+    except (OSError, InvalidInput):
+        return False
+    return isinstance(copy, dict) and copy.get("submission_sha256") == submission_sha256
 
 
 def _next_revision(tree: Tree, jid: str) -> int:
@@ -313,12 +332,39 @@ def submit_file(tree: Tree, cfg: Config, path: Path, journal: Journal, user: str
     return _accept_or_reject(tree, cfg, data, name, journal, user, source_path=None)
 
 
+class _Recorder(Protocol):
+    """What acceptance needs of a journal: :class:`~spool.events.Journal`, or the
+    batch's :class:`_Held` lines, written only once the batch is durable."""
+
+    writer: str
+
+    def record(self, job: str, to: str, *, from_: str | None = None, reason: str | None = None) -> object: ...
+
+
+class _Held:
+    """Journal lines of an acceptance batch, held until its folder fsyncs are done."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self.writer = journal.writer
+        self.lines: list[tuple[str, str, str | None, str | None]] = []
+
+    def record(self, job: str, to: str, *, from_: str | None = None, reason: str | None = None) -> object:
+        self.lines.append((job, to, from_, reason))
+        return None
+
+    def release(self) -> None:
+        for job, to, from_, reason in self.lines:
+            self.journal.record(job, to, from_=from_, reason=reason)
+        self.lines.clear()
+
+
 def _accept_or_reject(
     tree: Tree,
     cfg: Config,
     data: bytes,
     name: str,
-    journal: Journal,
+    journal: _Recorder,
     user: str,
     source_path: Path | None,
     redelivered: bool = False,
@@ -329,6 +375,10 @@ def _accept_or_reject(
     except InvalidInput as exc:
         done = _already_accepted(tree, data) if redelivered else None
         if done is not None:
+            # Its batch was cut short before the journal line (or the drop's removal):
+            # say it now, so the journal has every acceptance.
+            why = f"accepted from {name} (before a crash)"
+            journal.record(done.job_id, "pending", from_=from_, reason=why)
             return Accepted(done, tree.job_file("pending", done.job_id))
         rej = reject(tree, name, exc, journal.writer, data=data, move_from=source_path)
         journal.record(name, "rejected", from_=from_, reason=str(exc))
@@ -479,12 +529,57 @@ def accept_incoming(
     arrivals: Arrivals | None = None,
 ) -> list[Outcome]:
     """Process up to ``limit`` finished drops from ``incoming/``; never raises on bad
-    input. A full disk (ENOSPC, EDQUOT) is raised: nothing can be accepted then."""
+    input. A full disk (ENOSPC, EDQUOT) is raised: nothing can be accepted then.
+
+    One batch (group commit): every job file and reservation is written (each
+    file fsynced), then ``attempts/``, ``pending/`` and the other folders
+    touched are fsynced once for the batch, and only then are the drops removed
+    and the journal lines written. A crash before that leaves every drop under
+    this worker's claim name, taken up again as redelivered (a job already
+    written is recognised by its ``submission_sha256``, never accepted twice).
+    """
     out: list[Outcome] = []
+    taken_of: list[tuple[Outcome, Path]] = []
+    held = _Held(journal)
+    error: Exception | None = None
+    with groupcommit.together():
+        try:
+            _accept_batch(tree, cfg, worker, held, limit, arrivals, out, taken_of)
+        except Exception as exc:  # a full disk: what was done so far is still told
+            error = exc
+        if any(isinstance(o, Accepted) for o in out):
+            crashpoint("mid_accept_batch")  # job files written, their folders not fsynced, drops kept
+    # Durable now: tell (the journal first: a drop that outlives a crash here is redelivered).
+    held.release()
+    for outcome, taken in taken_of:
+        if isinstance(outcome, Accepted):
+            # No fsync: if this removal is lost in a crash, the drop comes back and is
+            # recognised as already accepted (same submission_sha256), so nothing is lost.
+            try:
+                os.unlink(taken)
+            except FileNotFoundError:
+                pass
+    if error is not None:
+        raise error
+    return out
+
+
+def _accept_batch(
+    tree: Tree,
+    cfg: Config,
+    worker: str,
+    journal: _Recorder,
+    limit: int,
+    arrivals: Arrivals | None,
+    out: list[Outcome],
+    taken_of: list[tuple[Outcome, Path]],
+) -> None:
     for raw_name, taken, redelivered in take_incoming(tree, worker, arrivals):
         name = display_name(raw_name)
         try:
-            out.append(_accept_drop(tree, cfg, name, taken, redelivered, worker, journal))
+            outcome = _accept_drop(tree, cfg, name, taken, redelivered, worker, journal)
+            out.append(outcome)
+            taken_of.append((outcome, taken))
         except Exception as exc:  # a bug must not wedge the queue on one file
             if is_disk_full(exc):
                 # Not the drop's fault: it stays under its claim name, to be taken up
@@ -512,11 +607,10 @@ def accept_incoming(
                 log.exception("could not move %s to rejected/", name)
         if len(out) >= limit:
             break
-    return out
 
 
 def _accept_drop(
-    tree: Tree, cfg: Config, name: str, taken: Path, redelivered: bool, worker: str, journal: Journal
+    tree: Tree, cfg: Config, name: str, taken: Path, redelivered: bool, worker: str, journal: _Recorder
 ) -> Outcome:
     user = owner_of(taken)
     try:
@@ -538,14 +632,8 @@ def _accept_drop(
         rej = reject(tree, name, exc, worker, move_from=taken)
         journal.record(name, "rejected", from_="incoming", reason=str(exc))
         return Rejected(exc, rej)
-    outcome = _accept_or_reject(
-        tree, cfg, data, name, journal, user, source_path=taken, redelivered=redelivered
-    )
-    if isinstance(outcome, Accepted):
-        # No fsync: if this removal is lost in a crash, the drop comes back and is
-        # recognised as already accepted (same submission_sha256), so nothing is lost.
-        os.unlink(taken)
-    return outcome
+    # An accepted drop is removed by the caller, once the batch is durable.
+    return _accept_or_reject(tree, cfg, data, name, journal, user, source_path=taken, redelivered=redelivered)
 
 
 def display_name(name: str) -> str:

@@ -38,6 +38,10 @@ OTHER_POINTS = (
     "after_gen_retrieving",
     "after_gen_stored",
     "after_gen_indexed",
+    # Group commit (spool.groupcommit): job files of an acceptance batch written, their
+    # folders not fsynced and the drops kept; and between the folder fsyncs of a batch.
+    "mid_accept_batch",
+    "mid_group_sync",
 )
 
 

@@ -16,7 +16,7 @@ otherwise: a literal one is ``%7E``), so it still names exactly one value.
 Order of writes for one job (the publish path calls :func:`index_job` after
 the store file and ``manifests/J.json`` exist and before ``complete/J.json``):
 
-1. every tag entry, each durable (file and folder fsynced);
+1. every tag entry, each durable (its folder fsynced; the tag folders at once);
 2. then the version record ``library/<name>/<revision>``, durable: it is the
    "indexed" mark.
 
@@ -150,8 +150,13 @@ def index_job(tree: Tree, manifest: Manifest, required_tags: list[str]) -> None:
 
     Idempotent: the publish path, recovery and fsck all call it.
     """
-    for tag, value in wanted(manifest, required_tags):
-        _touch(tag_dir(tree, tag, value) / manifest.job_id)
+    from .groupcommit import together  # here: search and get import this module, never this
+
+    # The tag folders' fsyncs need no order among themselves, only to be done before
+    # the version record: issued at once, the filesystem commits them together.
+    with together(at_once=True):
+        for tag, value in wanted(manifest, required_tags):
+            _touch(tag_dir(tree, tag, value) / manifest.job_id)
     crashpoint("mid_index")  # tag entries written, the version record not yet
     name, rev = split_job_id(manifest.job_id)
     vf = version_file(tree, name, rev)

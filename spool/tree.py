@@ -23,6 +23,7 @@ import errno
 import os
 import re
 import stat
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -155,7 +156,17 @@ def is_visible(name: str) -> bool:
 
 
 def fsync_dir(path: Path) -> None:
-    """Make a folder's entries (new names, renames, removals) durable."""
+    """Make a folder's entries (new names, renames, removals) durable.
+
+    Through :mod:`spool.groupcommit`: a plain fsync, unless a daemon installed
+    a coalescer (threads share one fsync of a folder) or this thread is in a
+    ``together()`` batch (done when the batch ends, before anything is told).
+    Neither can be so unless that module was imported, so a command that never
+    imports it (the lean CLI) does not pay for it (threading, its lock)."""
+    gc = sys.modules.get("spool.groupcommit")
+    if gc is not None:
+        gc.sync_folder(path)
+        return
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -170,6 +181,7 @@ def write_atomic(
     mode: int | None = None,
     durable: bool = True,
     replace: bool = True,
+    folder_later: bool = False,
 ) -> None:
     """Write ``data`` to ``path`` so that readers see all of it or nothing.
 
@@ -180,6 +192,8 @@ def write_atomic(
     are only hints (progress), never for records the invariants depend on.
     ``mode`` is set exactly (0o444 for what must stay read-only); without it
     the process umask decides, as ``[permissions] umask`` configures.
+    ``folder_later=True``: the file is fsynced but not its folder, which the
+    caller's next step fsyncs anyway (the name is not relied on before then).
     """
     folder = path.parent
     tmp = folder / temp_name(path.name)
@@ -206,7 +220,7 @@ def write_atomic(
         except OSError:
             pass
         raise
-    if durable:
+    if durable and not folder_later:
         fsync_dir(folder)
 
 
@@ -488,12 +502,29 @@ class Tree(Value):
         for name in FOLDERS:
             make_dirs(self.root / name)
         make_dirs(self.store / "sha256")
+        self._make_shards()
+
+    def _make_shards(self) -> None:
+        """The store's 256 shard folders ``store/sha256/<aa>/``, made once with one fsync
+        (else the first object of each shard pays an fsync of ``store/sha256/``)."""
+        base = self.store / "sha256"
+        made = False
+        for i in range(256):
+            try:
+                os.mkdir(base / f"{i:02x}")
+                made = True
+            except FileExistsError:
+                pass
+        if made:
+            fsync_dir(base)
 
     def share_with_group(self, gid: int) -> None:
         """Let a studio group share the spool: every folder (and the config) is
         owned by the group, group-writable, and setgid, so what anyone creates
         later belongs to the group too. Idempotent."""
-        paths = [self.root, *(self.root / name for name in FOLDERS), self.store / "sha256"]
+        shards = self.store / "sha256"
+        paths = [self.root, *(self.root / name for name in FOLDERS), shards]
+        paths += sorted(p for p in shards.iterdir() if len(p.name) == 2 and p.is_dir())
         for p in paths:
             os.chown(p, -1, gid)
             os.chmod(p, 0o2775)

@@ -95,6 +95,8 @@ class Heartbeat:
             temp_disk_limit=temp_disk_limit,
             version=_version(),
         )
+        #: The state of the last beat written durably (``None``: none yet by this process).
+        self._durable_state: str | None = None
 
     def beat(
         self,
@@ -119,7 +121,15 @@ class Heartbeat:
         if pools is not None:
             r.pools = pools
         r.quarantined = quarantined
-        write_atomic(self.tree.worker_file(r.worker), encode(r))
+        # Only a beat that changes who or what the worker is (its first, a new state) is
+        # fsynced: a lost periodic beat only makes the worker look older. Liveness never
+        # trusts a beat's age alone: same host, pid and boot id decide (and a reboot, the
+        # only crash that loses unsynced writes, changes the boot id); across hosts, a
+        # beat that stops advancing only makes a worker suspect.
+        durable = r.state != self._durable_state
+        write_atomic(self.tree.worker_file(r.worker), encode(r), durable=durable)
+        if durable:
+            self._durable_state = r.state
         return r
 
 

@@ -33,6 +33,7 @@ from spool import (
     diskfull,
     doctor,
     fsck,
+    groupcommit,
     health,
     quarantine,
     recover,
@@ -120,9 +121,15 @@ class Daemon:
     def run(self) -> int:
         """Run until drained or stopped; the exit status for the process."""
         self.identity.acquire()
+        # Slot threads share folder fsyncs (group commit); restored for in-process callers.
+        before = groupcommit.installed()
+        syncer = before or groupcommit.Coalescer()
+        groupcommit.install(syncer)
         try:
             return self._run()
         finally:
+            groupcommit.install(before)
+            log.info("group commit: %d folder fsyncs for %d asked", syncer.calls, syncer.requests)
             self.identity.release()
 
     def _run(self) -> int:
@@ -425,6 +432,25 @@ class Daemon:
         self._quarantine_damaged()
         if self.quarantined is not None or self.pools.full():
             return
+        claimed: list[tuple[str, str]] = []
+        try:
+            with groupcommit.together():  # the claims' folder fsyncs, once for all; then they start
+                self._claim_batch(claimed)
+        except BaseException:
+            # Claimed but maybe not durable: none starts; recovered by evidence, as at a restart.
+            with self._orphans_lock:
+                for jid, _ in claimed:
+                    self.orphans[jid] = (time.monotonic(), 1.0)
+                    self._finished.add(jid)
+            raise
+        for jid, pool in claimed:
+            crashpoint("after_claim")
+            if self.generations.drives(pool):
+                self.generations.take(jid)  # no thread, no render slot: polled by the driver
+                continue
+            self.slots[jid] = self.threads.run(f"job-{jid}", partial(self._run_job, jid))
+
+    def _claim_batch(self, claimed: list[tuple[str, str]]) -> None:
         for jid in self.index.ordered():
             if self.stopping or self.pools.full():
                 break
@@ -449,11 +475,7 @@ class Daemon:
             self.stats["claims"] += 1
             self.reserved[jid] = need
             self.pools.take(jid, pool)
-            crashpoint("after_claim")
-            if self.generations.drives(pool):
-                self.generations.take(jid)  # no thread, no render slot: polled by the driver
-                continue
-            self.slots[jid] = self.threads.run(f"job-{jid}", partial(self._run_job, jid))
+            claimed.append((jid, pool))
 
     def _look_at_quarantine(self, now: float) -> None:
         """An operator lifts a quarantine by removing its file (spool worker release)."""

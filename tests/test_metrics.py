@@ -7,6 +7,8 @@ import json
 import math
 import os
 import re
+import subprocess
+import sys
 import time
 from collections import defaultdict
 
@@ -190,6 +192,7 @@ def test_hook_counts_what_the_daemon_counts(tree):
     hook.started(d)
     assert not (tree.root / "metrics" / "spool-probe.prom").exists()  # the first tick writes
     hook.tick(d)
+    assert hook.flush()
     series = strict_parse((tree.root / "metrics" / "spool-probe.prom").read_text())
     assert values(series, "spool_claim_conflicts_total") == [3]
     assert values(series, "spool_validation_failures_total", check="fps") == [1]
@@ -264,3 +267,96 @@ def test_exposition_escapes_label_values_and_help():
 def test_the_strict_reader_is_not_blind(bad):
     with pytest.raises(AssertionError):
         strict_parse(bad)
+
+
+# -- a daemon's metrics over a network mount: list only what changed (issue 17) -----------------
+
+
+def _another_process_renames(src: os.PathLike[str], dst: os.PathLike[str]) -> None:
+    code = "import os, sys; os.rename(sys.argv[1], sys.argv[2])"
+    subprocess.run([sys.executable, "-c", code, str(src), str(dst)], check=True, timeout=60)
+
+
+def _age_folders(tree: Tree) -> None:
+    """Set every folder's mtime a minute back: a reading of it is then not racy."""
+    past = time.time() - 60
+    for folder in tree.root.iterdir():
+        if folder.is_dir():
+            os.utime(folder, (past, past))
+
+
+def test_metrics_follow_other_processes_and_list_only_changed_folders(tree, assets):
+    _configure(tree, metrics_interval=0.01)
+    d = Daemon(tree, config.load(tree.config_file), "probe", hooks=[])
+    job = write_json(tree.root.parent / "j@1.json", minimal(assets, name="j"))
+    _age_folders(tree)
+    hook = Metrics()
+    hook.started(d)
+    out = tree.root / "metrics" / "spool-probe.prom"
+
+    def tick() -> dict[Series, float]:
+        time.sleep(0.02)  # past metrics_interval
+        hook.tick(d)
+        assert hook.flush()
+        return strict_parse(out.read_text())
+
+    first = tick()
+    assert values(first, "spool_jobs", state="complete") == [0]
+    assert values(first, "spool_worker_heartbeat_age_seconds", peer="probe")  # its own, from memory
+    assert hook.view is not None
+    reads = dict(hook.view.folders.reads)
+    tick()
+    assert hook.view.folders.reads == reads, "nothing changed: a stat per folder, no listing"
+
+    _another_process_renames(job, tree.incoming / "j.json")  # a drop from another host
+    series = tick()
+    assert values(series, "spool_jobs", state="incoming") == [1]
+    [age] = values(series, "spool_oldest_job_age_seconds", state="incoming")
+    assert 0 <= age < 30
+    changed = {k for k, n in hook.view.folders.reads.items() if n != reads.get(k)}
+    assert changed == {"incoming"}, changed
+
+    _another_process_renames(tree.incoming / "j.json", tree.complete / "j@1.json")  # done elsewhere
+    series = tick()
+    assert values(series, "spool_jobs", state="incoming") == [0]
+    assert values(series, "spool_jobs", state="complete") == [1]
+
+
+def test_a_folder_changed_in_the_tick_it_was_read_is_read_again(tmp_path):
+    """SFTP carries whole seconds: a name added in the second of the listing leaves the
+    folder's mtime as it was, so a recent mtime is not trusted; an old one is."""
+    folder = tmp_path / "f"
+    folder.mkdir()
+    seen = metrics.Folders()
+
+    def count() -> int:
+        return len(os.listdir(folder))
+
+    now = time.time()
+    assert seen.get("f", (folder,), count, now) == 0
+    mtime = folder.stat().st_mtime_ns
+    (folder / "a").touch()
+    os.utime(folder, ns=(mtime, mtime))  # the same tick: the mtime did not move
+    assert seen.get("f", (folder,), count, now + 1) == 1, "a racy reading is read again"
+    past = int((now - 60) * 1e9)
+    os.utime(folder, ns=(past, past))
+    assert seen.get("f", (folder,), count, now + 2) == 1
+    assert seen.get("f", (folder,), count, now + 3) == 1
+    assert seen.reads["f"] == 3, "an old, unchanged mtime is trusted"
+    (folder / "b").touch()
+    assert seen.get("f", (folder,), count, now + 4) == 2
+
+
+def test_the_pending_age_is_the_one_the_heartbeat_carries(tree, monkeypatch):
+    """Asking the claim index for its oldest job is a pass over every pending job:
+    the hook takes what the daemon's last heartbeat already carried."""
+    d = Daemon(tree, config.load(tree.config_file), "probe", hooks=[])
+    d.heartbeat.beat(state="running", oldest_pending_submitted=time.time() - 100)
+    monkeypatch.setattr(d.index, "oldest_submitted", lambda: pytest.fail("the index was asked"))
+    hook = Metrics()
+    hook.started(d)
+    hook.tick(d)
+    assert hook.flush()
+    series = strict_parse((tree.root / "metrics" / "spool-probe.prom").read_text())
+    [age] = values(series, "spool_oldest_job_age_seconds", state="pending")
+    assert 99 <= age < 130

@@ -226,7 +226,9 @@ def test_status_of_a_small_queue_is_exact_without_asking(bare: Tree):
 def test_the_metrics_hook_never_lists_pending(tree, monkeypatch):
     """The daemon's metrics take pending/ from its index: listing 100,000 names on a NAS
     every metrics_interval was a core's 1-2 % (issue 17)."""
-    from spool import config, overview
+    import os
+
+    from spool import config
     from spoold.daemon import Daemon
     from spoold.observers import Metrics
 
@@ -234,16 +236,17 @@ def test_the_metrics_hook_never_lists_pending(tree, monkeypatch):
         (tree.pending / f"p{i}@1.json").write_text("{}")
     d = Daemon(tree, config.load(tree.config_file), "probe", hooks=[])
     listed: list[str] = []
-    real = overview._scan
+    real = os.scandir
 
-    def spy(folder, **kw):  # type: ignore[no-untyped-def]
-        listed.append(folder.name)
-        return real(folder, **kw)
+    def spy(path):  # type: ignore[no-untyped-def]
+        listed.append(os.path.basename(path))
+        return real(path)
 
-    monkeypatch.setattr(overview, "_scan", spy)
+    monkeypatch.setattr(os, "scandir", spy)
     hook = Metrics()
     hook.started(d)
     hook.tick(d)
+    assert hook.flush()
     assert "pending" not in listed and "complete" in listed
     text = (tree.root / "metrics" / "spool-probe.prom").read_text()
     assert 'spool_jobs{worker="probe",state="pending"} 0' in text  # what its (empty) index knows

@@ -1,15 +1,10 @@
-"""The daemon's per-job overheads: reused attempt threads, and a claim order that
-does not rescan what was already claimed."""
+"""Attempt threads are reused between jobs (spoold.slots)."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from pathlib import Path
 
-from spool import claim
-from spool.tree import Tree
 from spoold.slots import SlotThreads
 
 
@@ -69,30 +64,3 @@ def test_idle_threads_end_after_the_timeout():
     assert threading.active_count() == before, "the idle thread ended"
     pool.run("job-b", lambda: None).join(5.0)
     assert pool.started == 2, "a new thread once the idle one had ended"
-
-
-def test_claim_order_drops_claimed_entries_instead_of_skipping_them_each_time(tmp_path: Path):
-    tree = Tree.at(tmp_path / "spool")
-    tree.create()
-    n = 300
-    for i in range(n):
-        jid = f"j{i:04d}@1"
-        body = {
-            "job_id": jid,
-            "operation": "noop",
-            "priority": i % 3,
-            "submitted_at": f"2026-01-01T00:{i // 60:02d}:{i % 60:02d}Z",
-        }
-        (tree.pending / f"{jid}.json").write_text(json.dumps(body))
-    index = claim.PendingIndex(tree)
-    while index.refresh() < n or index.backlog:
-        pass
-    taken = []
-    for _ in range(n - 10):
-        jid = next(index.ordered())
-        # What was claimed before is gone from the front: this call started at a live entry.
-        assert len(index._sorted) == n - len(taken)
-        index.discard(jid)
-        taken.append(jid)
-    assert len(set(taken)) == n - 10
-    assert list(index.ordered()) == [k.job_id for k in sorted(index._keys.values())]

@@ -13,11 +13,11 @@ mount, where each stat, open or listing page is a round trip.
   against ls (within 2x at 20,000).
 * ``spoold run`` on the mount (``max_active = 1``, no-op jobs): start to first
   claim (seen on the server's side), then its claim rate for a few seconds.
-* at the largest size, a quarantined daemon (it indexes but claims nothing; metrics
-  off, whose hook lists the whole queue every ``metrics_interval``) is
+* at the largest size, a quarantined daemon (it indexes but claims nothing) is
   left to read its backlog, then its steady state is measured while jobs keep
   arriving (5 a second, on the server's side): CPU share over a window (from
-  /proc), and listings, stats and opens per minute (``strace -c -f`` attached).
+  /proc), and listings, stats and opens per minute (``strace -c -f`` attached);
+  once with its metrics file (the default), once without.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ FLOOR = "import os, sys; print(sum(1 for e in os.scandir(sys.argv[1]) if e.name.
 
 #: mode -> (tree sizes, rounds, seconds the claim rate is sampled, steady-state window)
 PLAN: dict[str, tuple[list[int], int, float, float]] = {
-    "full": ([1_000, 20_000, 100_000], 3, 3.0, 30.0),
+    "full": ([1_000, 20_000, 100_000], 3, 3.0, 60.0),
     "quick": ([1_000, 5_000], 3, 2.0, 10.0),
     "smoke": ([100, 300], 1, 0.5, 3.0),
 }
@@ -65,7 +65,8 @@ PLAN: dict[str, tuple[list[int], int, float, float]] = {
 def keys(mode: str) -> list[str]:
     sizes = PLAN[mode][0]
     per = ["json", "ls", "first_claim", "claim_rate"]
-    return [*(f"nas.{k}.{n}" for n in sizes for k in per), "nas.rescan_cpu", "nas.rescan_calls"]
+    steady = [f"nas.rescan_{k}{s}" for s in ("", "_nometrics") for k in ("cpu", "calls")]
+    return [*(f"nas.{k}.{n}" for n in sizes for k in per), *steady]
 
 
 @contextlib.contextmanager
@@ -123,10 +124,11 @@ def _cpu_seconds(pid: int) -> float:
 STRACE_ROW = re.compile(r"^\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)\s*$")
 
 
-def steady_state(server: Path, mount: Path, window: float) -> dict[str, float]:
+def steady_state(server: Path, mount: Path, window: float, *, metrics: bool = True) -> dict[str, float]:
     """A daemon that indexes but claims nothing (quarantined), once its backlog is read:
-    its CPU share and calls per minute while 5 jobs a second arrive."""
-    from spool import health
+    its CPU share and calls per minute while 5 jobs a second arrive; with its metrics
+    file (the default) or without (``[observe] metrics_dir = ""``)."""
+    from spool import health, settings
     from spool.model import WorkerRecord
     from spool.status import read
     from spool.tree import Tree
@@ -135,8 +137,9 @@ def steady_state(server: Path, mount: Path, window: float) -> dict[str, float]:
     worker = worker_id("nasidle")
     tree = Tree.at(server)
     health.quarantine(tree, worker, "benchmark: index only", [])
-    # The default daemon, metrics on: its metrics take pending/ from the index, so
-    # this is the index's cost plus the hook's listings of the small folders.
+    # Metrics on (the default): the hook takes pending/ from the index and stats the
+    # other folders, listing one only when it changed; off: the index's cost alone.
+    settings.write(tree.config_file, {"observe": {"metrics_dir": "metrics" if metrics else ""}})
     proc = start(
         [SPOOLD, "run", "--spool", str(mount), "--worker", "nasidle"], log_path=server.parent / "idle.log"
     )
@@ -152,7 +155,7 @@ def steady_state(server: Path, mount: Path, window: float) -> dict[str, float]:
                 break
             time.sleep(1.0)
         indexed = time.monotonic() - t0
-        log(f"nas: idle daemon indexed everything in {indexed:.0f} s")
+        log(f"nas: idle daemon (metrics {'on' if metrics else 'off'}) indexed everything in {indexed:.0f} s")
         stop_arrivals = arrivals(server)
         try:
             c0, w0 = _cpu_seconds(proc.pid), time.monotonic()
@@ -164,6 +167,9 @@ def steady_state(server: Path, mount: Path, window: float) -> dict[str, float]:
     finally:
         stop(proc, signal.SIGTERM, timeout=60)
         (tree.workers / f"{worker}.quarantined").unlink(missing_ok=True)
+        settings.write(tree.config_file, {"observe": {"metrics_dir": "metrics"}})
+        for late in (server / "pending").glob("late-*.json"):  # the next daemon's queue as the first's
+            late.unlink()
     per_min = 60.0 / window
     return {
         "indexed_s": indexed,
@@ -226,7 +232,7 @@ def _strace_calls(pid: int, seconds: float) -> dict[str, int]:
 def run(mode: str) -> tuple[list[Row], list[str]]:
     sizes, rounds, window, steady_window = PLAN[mode]
     rows: list[Row] = []
-    steady: dict[str, float] = {}
+    steady: dict[bool, dict[str, float]] = {}
     with scratch("disk", "nas") as base, mounted(base) as (export, mount):
         for n in sizes:
             server, client = export / f"s{n}", mount / f"s{n}"
@@ -297,35 +303,38 @@ def run(mode: str) -> tuple[list[Row], list[str]]:
                 ),
             ]
             if n == sizes[-1]:
-                steady = steady_state(server, client, steady_window)
-                log(f"nas steady state at {n:,}: {steady}")
+                for on in (True, False):
+                    steady[on] = steady_state(server, client, steady_window, metrics=on)
+                    log(f"nas steady state at {n:,}, metrics {'on' if on else 'off'}: {steady[on]}")
     top = sizes[-1]
-    rows += [
-        Row(
-            key="nas.rescan_cpu",
-            measure=f"NAS: indexed daemon's CPU, {top:,} pending, 5 new jobs/s",
-            unit="%",
-            spool=steady.get("cpu_share", float("nan")) * 100,
-            target="< 1 %" if top >= 100_000 else "",
-            met=steady.get("cpu_share", 1.0) < 0.01 if top >= 100_000 else None,
-            note=f"first scan of the whole queue took {steady.get('indexed_s', float('nan')):.0f} s",
-            samples=steady,
-        ),
-        Row(
-            key="nas.rescan_calls",
-            measure=f"  NAS: its opens per minute ({top:,} pending, 300 arrivals/min)",
-            unit="/min",
-            spool=steady.get("opens_per_min"),
-            peer="listing calls (getdents64) / stats per min",
-            peer_value=steady.get("listings_per_min"),
-            note=f"stats per minute: {steady.get('stats_per_min', float('nan')):.0f}",
-            samples=steady,
-        ),
-    ]
+    for on, suffix, what in ((True, "", "metrics on"), (False, "_nometrics", "metrics off")):
+        got = steady.get(on, {})
+        rows += [
+            Row(
+                key=f"nas.rescan_cpu{suffix}",
+                measure=f"NAS: indexed daemon's CPU, {what}, {top:,} pending, 5 new jobs/s",
+                unit="%",
+                spool=got.get("cpu_share", float("nan")) * 100,
+                target="< 1 %" if on and top >= 100_000 else "",  # the default: metrics on
+                met=got.get("cpu_share", 1.0) < 0.01 if on and top >= 100_000 else None,
+                note=f"first scan of the whole queue took {got.get('indexed_s', float('nan')):.0f} s",
+                samples=got,
+            ),
+            Row(
+                key=f"nas.rescan_calls{suffix}",
+                measure=f"  NAS: its opens per minute, {what} ({top:,} pending, 300 arrivals/min)",
+                unit="/min",
+                spool=got.get("opens_per_min"),
+                peer="listing calls (getdents64) / stats per min",
+                peer_value=got.get("listings_per_min"),
+                note=f"stats per minute: {got.get('stats_per_min', float('nan')):.0f}",
+                samples=got,
+            ),
+        ]
     notes = [
         "nas: tools/multimount (sshfs on loopback, --cache low); sizes "
         f"{', '.join(f'{s:,}' for s in sizes)}, {rounds} rounds of [status --json, ls pending, "
         f"scandir] rotated; claim rate over {window:g} s after the first claim; steady state "
-        f"over {steady_window:g} s (CPU from /proc, calls by strace -c -f).",
+        f"over {steady_window:g} s (CPU from /proc, then calls by strace -c -f), metrics on then off.",
     ]
     return rows, notes
