@@ -383,16 +383,34 @@ class QueueView:
             "pending": age(own.pending[1]),
             "running": age(oldest_running),
         }
-        rows = [{"job_id": jid, "attempt": overview.latest_attempt(t, jid)} for jid, _ in running]
         gauges = _queue_gauges(
             own.worker,
             now,
             {s: counts[s] for s in order},
             oldest_age,
             self._beats(own, now),
-            overview.generation_states(t, rows),
+            self._generation_states(running),
         )
         return [*gauges, *self._library(own.worker, now)]
+
+    def _generation_states(self, running: list[tuple[str, float]]) -> dict[str, int]:
+        """Running generations by state: the daemon's own from memory
+        (:func:`spool.generation.known_state`), any other job from its files (a
+        listing of ``attempts/J/`` and a look at ``gen/``)."""
+        from . import generation  # here: only this gauge needs the generation states
+
+        mine: dict[str, int] = {}
+        rows = []
+        for jid, _ in running:
+            known = generation.known_state(jid)
+            if known is not None:
+                mine[known[1]] = mine.get(known[1], 0) + 1
+            else:
+                rows.append({"job_id": jid, "attempt": overview.latest_attempt(self.tree, jid)})
+        states = overview.generation_states(self.tree, rows)
+        for state, n in mine.items():
+            states[state] = states.get(state, 0) + n
+        return states
 
     def _running(self, now: float) -> list[tuple[str, float]]:
         """(job ID, ctime) of every job in ``running/<worker>/``."""

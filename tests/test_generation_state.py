@@ -484,3 +484,24 @@ def test_each_provider_draws_from_its_own_pool() -> None:
         parse_provider("rw", {"kind": "runway", "base_url": "https://b", "token_env": "U"}),
     ]
     assert pool_capacities(cfgs) == {"provider:rep": 500, "provider:rw": 50}
+
+
+def test_this_process_remembers_each_attempt_state_it_moves_until_it_ends(tmp_path: Path) -> None:
+    """The metrics gauge counts a daemon's own generations from memory (known_state);
+    what it remembers follows every move, and an ended attempt is forgotten."""
+    a1 = tmp_path / "attempts" / "ad@1" / "1" / "gen"
+    begin(a1, intent(), by="w1")
+    assert gen_mod.known_state("ad@1") == (1, "submitted")
+    transition(a1, "generating", "w1", provider_job_id="p")
+    assert gen_mod.known_state("ad@1") == (1, "generating")
+    transition(a1, "failed", "w1", reason="deadline")
+    assert gen_mod.known_state("ad@1") is None, "an ended attempt leaves (memory stays bounded)"
+    a2 = tmp_path / "attempts" / "ad@1" / "2" / "gen"
+    begin(a2, intent(key="gen-ad@1/2"), by="w1")
+    read(a1)  # a late-completion audit of attempt 1 reads it again
+    assert gen_mod.known_state("ad@1") == (2, "submitted"), "an older attempt never overrides"
+    for to in ("generating", "retrieving", "stored"):
+        transition(a2, to, "w1", provider_job_id="q")  # type: ignore[arg-type]
+        assert gen_mod.known_state("ad@1") == (2, to)
+    transition(a2, "indexed", "w1")
+    assert gen_mod.known_state("ad@1") is None
