@@ -69,8 +69,12 @@ POLL_QUEUE = 64
 #: :data:`CANCEL_LOOKS_PER_SECOND` stats a second at most).
 CANCEL_LOOK = 1.0
 CANCEL_LOOKS_PER_SECOND = 2000
-#: Looks at an abandoned attempt's provider job, for a late completion to record (audit only).
+#: Looks at an abandoned attempt's provider job, for a late completion to record (audit
+#: only): at least this many, and for at least :data:`AUDIT_CEILINGS` times the provider's
+#: polling ceiling (a count alone, with full jitter, could be spent in a fraction of one
+#: ceiling and miss a completion that came a moment later).
 AUDIT_POLLS = 5
+AUDIT_CEILINGS = 2
 #: Scheduler keys of those looks start with this.
 LATE = "late:"
 
@@ -139,8 +143,8 @@ class Generations:
         #: Clients replaced by a reload (closed at stop) and their counters, carried over.
         self._retired: list[Provider] = []
         self._carried: dict[str, dict[str, int]] = {}
-        #: late key -> (job ID, attempt n, provider name, looks left) of abandoned attempts.
-        self.audits: dict[str, tuple[str, int, str, int]] = {}
+        #: late key -> (job ID, attempt n, provider name, looks left, look until: epoch s)
+        self.audits: dict[str, tuple[str, int, str, int, float]] = {}
         gk.set_driver(self)
 
     # -- the daemon's side -------------------------------------------------------------
@@ -446,7 +450,8 @@ class Generations:
             if gk.was_sent(attempt):
                 # The provider may finish it anyway: look a few more times, for the record only.
                 late, provider = LATE + key, job.generate.provider
-                audit = (job.job_id, attempt.n, provider, AUDIT_POLLS)
+                until = time.time() + AUDIT_CEILINGS * self._ceiling(provider)
+                audit = (job.job_id, attempt.n, provider, AUDIT_POLLS, until)
 
                 def look_later() -> None:
                     self.audits[late] = audit
@@ -464,7 +469,7 @@ class Generations:
     def _audit(self, late: str) -> None:
         """One look at an abandoned attempt's provider job: a success goes to
         ``late-completion.json`` and nowhere else (the attempt is ``failed``)."""
-        jid, n, provider, left = self.audits.pop(late, ("", 0, "", 0))
+        jid, n, provider, left, until = self.audits.pop(late, ("", 0, "", 0, 0.0))
         if not jid:
             return
         attempt = Attempt(self.ctx.tree, jid, n)
@@ -473,11 +478,16 @@ class Generations:
         except Exception:
             log.exception("%s: looking for a late completion of attempt %d failed", jid, n)
             final = False
-        if final or left <= 1:
+        if final or (left <= 1 and time.time() >= until):
             self.sched.discard(late)
             return
-        self.audits[late] = (jid, n, provider, left - 1)
+        self.audits[late] = (jid, n, provider, max(1, left - 1), until)
         self.sched.report(late, "pending")
+
+    def _ceiling(self, provider: str) -> float:
+        """The provider's polling ceiling (seconds), as now configured."""
+        cfg = self._cfg.provider_configs.get(provider)
+        return cfg.polling.ceiling if cfg is not None else 60.0
 
     def _done(self, job_id: str, outcome: str) -> None:
         with self._lock:
