@@ -32,7 +32,7 @@ from typing import Literal
 
 from .model import WorkerRecord
 from .status import read
-from .tree import HOST, Tree, boot_id, visible_names, write_atomic
+from .tree import HOST, Tree, boot_id, server_now, visible_names
 
 Health = Literal["alive", "stalled", "suspect", "dead", "stopped"]
 
@@ -97,19 +97,6 @@ def has_lock_open(pid: int, worker: str) -> bool:
         except OSError:
             continue
     return False
-
-
-def server_now(tree: Tree) -> float:
-    """The file server's idea of now: the mtime it gives a file we just wrote."""
-    probe = tree.workers / f".clock.{HOST}.{os.getpid()}"
-    write_atomic(probe, b"", durable=False)
-    try:
-        return probe.stat().st_mtime
-    finally:
-        try:
-            probe.unlink()
-        except OSError:
-            pass
 
 
 class Observer:

@@ -22,7 +22,7 @@ Ages come from a file's ctime, not its mtime: a rename updates the ctime
 (ext4, xfs, btrfs, tmpfs, and NFS servers on those), so the ctime of
 ``pending/J.json`` is when the job *entered* pending (for a retried job, the
 retry), while its mtime is when it was accepted. Ages are taken against the
-file server's clock when the spool is writable (:func:`liveness.server_now`),
+file server's clock when the spool is writable (:func:`spool.tree.server_now`),
 so a workstation whose clock is off still shows true ages.
 """
 
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .status import attempt_numbers, read, running_workers, show
-from .tree import HOST, Tree, is_visible, visible_names, write_atomic
+from .tree import HOST, Tree, is_visible, server_now, visible_names
 
 if TYPE_CHECKING:
     from . import liveness
@@ -158,20 +158,9 @@ def _oldest_pending_from_daemons(tree: Tree, now: float) -> float | None:
 
 
 def clock(tree: Tree) -> float:
-    """Now, by the file server's clock if we may write a probe file, else ours.
-
-    The probe of :func:`spool.liveness.server_now`, written here: importing the
-    worker-health module (records, dataclasses) is for a spool that has workers."""
-    probe = tree.workers / f".clock.{HOST}.{os.getpid()}"
+    """Now, by the file server's clock if we may write a probe file, else ours."""
     try:
-        write_atomic(probe, b"", durable=False)
-        try:
-            return probe.stat().st_mtime
-        finally:
-            try:
-                probe.unlink()
-            except OSError:
-                pass
+        return server_now(tree)
     except OSError:
         return time.time()
 

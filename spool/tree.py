@@ -534,3 +534,18 @@ class Tree(Value):
 
     def is_spool(self) -> bool:
         return self.config_file.is_file() and self.pending.is_dir()
+
+
+def server_now(tree: Tree) -> float:
+    """The file server's idea of now: the mtime it gives a file we just wrote
+    (a hidden probe in ``workers/``, removed at once). Liveness ages heartbeats by
+    it, and the overview its ages: on a NAS, the hosts' clocks may disagree."""
+    probe = tree.workers / f".clock.{HOST}.{os.getpid()}"
+    write_atomic(probe, b"", durable=False)
+    try:
+        return probe.stat().st_mtime
+    finally:
+        try:
+            probe.unlink()
+        except OSError:
+            pass

@@ -27,7 +27,7 @@ Safe by construction, not by filtering:
   at most once a second for any number of viewers.
 
 The server reads the spool and writes nothing to it, except the clock probe
-of :func:`spool.liveness.server_now` (a hidden file created and removed in
+of :func:`spool.tree.server_now` (a hidden file created and removed in
 ``workers/``), which it skips when the spool is read-only for its user.
 """
 
