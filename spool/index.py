@@ -310,27 +310,26 @@ def check(tree: Tree, required_tags: list[str], *, repair: bool = True) -> list[
     for tag, val, jid in list(_all_tag_entries(tree)):
         if (tag, val, jid) in expected or _justified(tree, required_tags, tag, val, jid):
             continue
-        p = index_root(tree) / tag / val / jid
-        f = Finding(tree.relative(p), "stray library index entry (no manifest names it)", "remove it")
-        if repair:
-            p.unlink(missing_ok=True)
-            fsync_dir(p.parent)
-            f.repaired = True
-        out.append(f)
+        entry = index_root(tree) / tag / val / jid
+        out.append(_stray(tree, entry, "index entry (no manifest names it)", repair))
     # Stray version records.
     for name in names(tree):
         for rev in revisions(tree, name):
             jid = f"{name}@{rev}"
             if jid in manifests or tree.manifest_file(jid).exists():
                 continue
-            p = version_file(tree, name, rev)
-            f = Finding(tree.relative(p), "stray library version record (no manifest)", "remove it")
-            if repair:
-                p.unlink(missing_ok=True)
-                fsync_dir(p.parent)
-                f.repaired = True
-            out.append(f)
+            out.append(_stray(tree, version_file(tree, name, rev), "version record (no manifest)", repair))
     return out
+
+
+def _stray(tree: Tree, path: Path, what: str, repair: bool) -> Finding:
+    """A library file no manifest justifies; removed (durably) when repairing."""
+    f = Finding(tree.relative(path), f"stray library {what}", "remove it")
+    if repair:
+        path.unlink(missing_ok=True)
+        fsync_dir(path.parent)
+        f.repaired = True
+    return f
 
 
 def _justified(tree: Tree, required_tags: list[str], tag: str, val: str, jid: str) -> bool:

@@ -27,6 +27,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -258,6 +259,27 @@ def noop_settings(**sections: dict[str, object]) -> dict[str, dict[str, object]]
     for name, kv in sections.items():
         out.setdefault(name, {}).update(kv)
     return out
+
+
+def noop_job(name: str, tags: dict[str, str], submitted_at: datetime) -> Any:
+    """An accepted no-op job (revision 1), as the benchmarks write straight into a
+    tree (``pending/``, ``complete/``) without going through acceptance."""
+    import hashlib
+
+    from spool.kinds import NoopJob
+    from spool.model import Expect, Output
+
+    return NoopJob(
+        job_id=f"{name}@1",
+        name=name,
+        revision=1,
+        recipe_hash=hashlib.sha256(b"null").hexdigest(),
+        sources=[],
+        output=Output(file=f"{name}.txt", container="txt", expect=Expect()),
+        tags=tags,
+        submitted_at=submitted_at,
+        submitted_by="bench",
+    )
 
 
 def noop_submission(name: str) -> bytes:

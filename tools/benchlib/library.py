@@ -31,6 +31,7 @@ from .common import (
     log,
     make_spool,
     median,
+    noop_job,
     noop_settings,
     pair_ratios,
     run_timed,
@@ -92,8 +93,7 @@ def _write(path: Path, data: bytes) -> None:
 def build(root: Path, n: int) -> None:
     """``n`` complete, indexed assets, written directly (no fsync)."""
     from spool import index
-    from spool.kinds import NoopJob as Job
-    from spool.model import Expect, Output, encode
+    from spool.model import encode
     from spool.tree import Tree
 
     make_spool(root, noop_settings())
@@ -110,17 +110,7 @@ def build(root: Path, n: int) -> None:
         _write(obj, data)
         m = _manifest(i, digest, tree.relative(obj))
         _write(tree.manifest_file(f"asset-{i:06d}@1"), encode(m))
-        job = Job(
-            job_id=f"asset-{i:06d}@1",
-            name=f"asset-{i:06d}",
-            revision=1,
-            recipe_hash=hashlib.sha256(b"null").hexdigest(),
-            sources=[],
-            output=Output(file=f"asset-{i:06d}.txt", container="txt", expect=Expect()),
-            tags=_tags(i),
-            submitted_at=t,
-            submitted_by="bench",
-        )
+        job = noop_job(f"asset-{i:06d}", _tags(i), t)
         _write(tree.job_file("complete", job.job_id), encode(job))
         for tag, value in _tags(i).items():
             d = index.tag_dir(tree, tag, value)

@@ -53,6 +53,7 @@ from .common import (
     log,
     make_spool,
     median,
+    noop_job,
     noop_settings,
     pair_ratios,
     proc_status,
@@ -88,27 +89,14 @@ PLAN: dict[str, tuple[list[int], int, float]] = {
 
 def build_tree(root: Path, n: int) -> None:
     """``n`` valid no-op jobs in ``pending/``, written directly (no fsync)."""
-    import hashlib
-
-    from spool.kinds import NoopJob as Job
-    from spool.model import Expect, Output, encode
+    from spool.model import encode
 
     make_spool(root, noop_settings(limits={"max_active": 1}))
     pending = root / "pending"
     base = datetime.now(UTC)
     for i in range(n):
         name = f"scale-{i:06d}"
-        job = Job(
-            job_id=f"{name}@1",
-            name=name,
-            revision=1,
-            recipe_hash=hashlib.sha256(b"null").hexdigest(),
-            sources=[],
-            output=Output(file=f"{name}.txt", container="txt", expect=Expect()),
-            tags=dict(TAGS),
-            submitted_at=base,
-            submitted_by="bench",
-        )
+        job = noop_job(name, dict(TAGS), base)
         fd = os.open(pending / f"{name}@1.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             os.write(fd, encode(job))
