@@ -16,7 +16,7 @@ from .decoding import convert
 from .errors import ConfigError, InvalidInput
 
 if TYPE_CHECKING:
-    from .providers.config import ProviderConfig
+    from .kinds.generate.providers.config import ProviderConfig
 
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
@@ -250,8 +250,8 @@ def parse(raw: bytes, name: str = "spool.toml") -> Config:
             parse_size(getattr(cfg.limits, key))
         except ValueError as exc:
             raise ConfigError(f"{name}: limits.{key}", str(exc)) from None
-    # Imported here: the providers' config builds on this module's types.
-    from .providers.config import parse_providers, secret_names
+    # Imported here: the generate kind's settings build on this module's types.
+    from .kinds.generate.providers.config import parse_providers, secret_names
 
     cfg.providers = parse_providers(data.get("providers"))
     # The variables holding provider tokens are secrets: masked wherever spool writes.

@@ -25,3 +25,6 @@ class Context:
     #: copy where a link fails) or ``copy`` (copy, fsync, re-hash); the daemon
     #: sets it from ``spool doctor``'s probes.
     publish_by: Literal["link", "copy"] = "link"
+    #: Whether this worker carries on a driven kind's attempt in flight after a restart
+    #: (a daemon, whose driver takes it); the CLI's recovery sends such jobs back to pending.
+    resumes_driven: bool = False

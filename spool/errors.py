@@ -83,3 +83,14 @@ class Failed(Exception):
 
 class Interrupted(Exception):
     """The daemon is stopping: the attempt ends as interrupted, the job returns to pending."""
+
+
+class Deferred(Exception):
+    """The attempt ends having done nothing that costs or counts (a provider's quota is
+    spent, a spending allowance is used up): the job waits in ``pending/`` until
+    ``until`` (epoch seconds), and the attempt does not count against ``max_attempts``."""
+
+    def __init__(self, until: float, reason: str) -> None:
+        super().__init__(reason)
+        self.until = until
+        self.reason = reason

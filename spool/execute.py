@@ -11,6 +11,8 @@ file moves:
 * failed: ``failure.json``, then ``failed/`` (or back to ``pending/`` with a
   delay when the failure is retryable and attempts remain);
 * interrupted (the daemon is stopping): ``interrupted.json``, then ``pending/``;
+* deferred (it did nothing, and must wait: a provider's quota): ``interrupted.json``
+  (``deferred``), ``delay.json`` until then, ``pending/``;
 * lost (another worker took the job): ``interrupted.json`` in our own attempt,
   and nothing else is touched.
 """
@@ -26,51 +28,69 @@ import msgspec
 from . import blocklist, intent, kinds, quarantine, retry
 from .attempt import Attempt, drop_partial, open_attempt, write_failure
 from .context import Context
-from .errors import Failed, Interrupted, LostOwnership
+from .errors import Deferred, Failed, Interrupted, LostOwnership
 from .events import Journal
 from .faults import crashpoint
+from .kinds.base import Produced
 from .model import BlockEntry, Failure, Interruption, JobBase, ValidationReport, now
 from .publish import publish
 from .secrets import redact
 from .tree import HOST, transfer
 
-__all__ = ["Context", "Journal", "end_attempt", "execute", "scrub"]
+__all__ = ["Context", "Journal", "end_attempt", "execute", "finish", "scrub", "start"]
 
 log = logging.getLogger("spool.execute")
 
 
 def execute(ctx: Context, job_id: str) -> str:
-    """Run a job this worker has just claimed. Returns the outcome: ``complete``,
-    ``failed``, ``retry``, ``interrupted``, ``lost`` (ownership lost),
-    ``quarantined`` (the job file is damaged or was edited: never run), or for a
-    host-class failure ``blocked`` (moved on to another worker) or ``host-failed``."""
-    tree = ctx.tree
-    path = tree.job_file("running", job_id, ctx.worker)
+    """Run a job this worker has just claimed, on this thread (a ``slot`` kind). Returns
+    the outcome: ``complete``, ``failed``, ``retry``, ``interrupted``, ``deferred``,
+    ``lost`` (ownership lost), ``quarantined`` (the job file is damaged or was edited:
+    never run), or for a host-class failure ``blocked`` (moved on to another worker)
+    or ``host-failed``."""
+    started = start(ctx, job_id)
+    if isinstance(started, str):
+        return started
+    job, attempt = started
+    try:
+        intent.raise_if_cancelled(ctx.tree, job_id, attempt.n, ctx.worker)
+        finish(ctx, job, attempt, kinds.of(job).produce(ctx, job, attempt))
+    except (Failed, Interrupted, Deferred, LostOwnership, OSError) as exc:
+        return end_attempt(ctx, job, attempt, exc)
+    return "complete"
+
+
+def start(ctx: Context, job_id: str) -> tuple[JobBase, Attempt] | str:
+    """Open the attempt of a job this worker has just claimed (the same for every kind
+    and runner), or the outcome if it can never run (``quarantined``, ``lost``)."""
+    path = ctx.tree.job_file("running", job_id, ctx.worker)
     try:
         job = quarantine.load(path)  # integrity first: an edited job file is never run
     except quarantine.Damaged as damage:
         return _quarantine(ctx, job_id, damage)
-    kind = kinds.of(job)
-    attempt = open_attempt(tree, job_id, ctx.worker)
+    except OSError:
+        return "lost"  # gone from running/W: taken over meanwhile
+    attempt = open_attempt(ctx.tree, job_id, ctx.worker)
     crashpoint("after_attempt_dir")
     ctx.journal.record(job_id, "running", from_="pending", attempt=attempt.n, reason="claimed")
     log.info("%s: attempt %d started", job_id, attempt.n)
-    try:
-        intent.raise_if_cancelled(tree, job_id, attempt.n, ctx.worker)
-        made = kind.produce(ctx, job, attempt)
-        report = kind.check(ctx.cfg, job, made.path, attempt.dir / "validate.log")
-        crashpoint("after_validation")
-        # A validated output is not published once cancelled.
-        intent.raise_if_cancelled(tree, job_id, attempt.n, ctx.worker)
-        if not report.ok:
-            raise validation_failure(report)
-        publish(
-            ctx, job, attempt, made.path, report, made.seconds,
-            on_stage=kind.stages(ctx, job, attempt, made.path),
-        )  # fmt: skip
-    except (Failed, Interrupted, LostOwnership, OSError) as exc:
-        return end_attempt(ctx, job, attempt, exc)
-    return "complete"
+    return job, attempt
+
+
+def finish(ctx: Context, job: JobBase, attempt: Attempt, made: Produced) -> None:
+    """A candidate exists: the kind's gate, then the one publish path (the same for
+    every kind and runner). Raises the ending, as producing does."""
+    kind = kinds.of(job)
+    report = kind.check(ctx.cfg, job, made.path, attempt.dir / "validate.log")
+    crashpoint("after_validation")
+    # A validated output is not published once cancelled.
+    intent.raise_if_cancelled(ctx.tree, job.job_id, attempt.n, ctx.worker)
+    if not report.ok:
+        raise validation_failure(report)
+    publish(
+        ctx, job, attempt, made.path, report, made.seconds,
+        on_stage=kind.stages(ctx, job, attempt, made.path),
+    )  # fmt: skip
 
 
 def end_attempt(ctx: Context, job: JobBase, attempt: Attempt, exc: BaseException) -> str:
@@ -81,6 +101,8 @@ def end_attempt(ctx: Context, job: JobBase, attempt: Attempt, exc: BaseException
         return _fail(ctx, job, attempt, exc)
     if isinstance(exc, Interrupted):
         return _interrupt(ctx, job.job_id, attempt, "stopped by the daemon's shutdown")
+    if isinstance(exc, Deferred):
+        return _defer(ctx, job.job_id, attempt, exc)
     if isinstance(exc, LostOwnership):
         return _lost(ctx, job.job_id, attempt, str(exc))
     if isinstance(exc, OSError):
@@ -285,6 +307,24 @@ def _interrupt(ctx: Context, job_id: str, attempt: Attempt, reason: str) -> str:
     ctx.journal.record(job_id, "pending", from_="running", attempt=attempt.n, reason=f"interrupted: {reason}")
     log.info("%s: attempt %d interrupted, job returned to pending", job_id, attempt.n)
     return "interrupted"
+
+
+def _defer(ctx: Context, job_id: str, attempt: Attempt, d: Deferred) -> str:
+    """The attempt did nothing and must wait: record it (not counted), delay the job,
+    give it back to ``pending/``."""
+    attempt.record(
+        "interrupted.json",
+        Interruption(
+            job_id=job_id, attempt=attempt.n, reason=f"deferred: {d.reason}", worker=ctx.worker, at=now(),
+            deferred=True,
+        ),
+    )  # fmt: skip
+    retry.delay_until(ctx.tree, job_id, d.until, attempt.n, f"deferred: {d.reason}")
+    if not _move(ctx, job_id, "pending"):
+        return _lost(ctx, job_id, attempt, "the job was taken away before it could be returned")
+    ctx.journal.record(job_id, "pending", from_="running", attempt=attempt.n, reason=f"deferred: {d.reason}")
+    log.info("%s: attempt %d deferred (%s)", job_id, attempt.n, d.reason)
+    return "deferred"
 
 
 def _lost(ctx: Context, job_id: str, attempt: Attempt, why: str) -> str:

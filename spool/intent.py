@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from .config import Config
-from .decoding import convert
 from .errors import Failed, InvalidInput, NotFound, NotReady
 from .events import Journal
 from .model import Approval, CancelRequest, Failure, Manifest, decode, encode, now
@@ -87,13 +86,14 @@ def _move(tree: Tree, job_id: str, src: str, dst: str, raced: str) -> None:
 
 
 def resubmits_to(tree: Tree, job_id: str) -> str | None:
-    """The provider a retry of ``job_id`` would send a new create request to (a
-    generation job: each create may cost money), or ``None`` for any other kind."""
+    """What a retry of ``job_id`` would spend beyond compute (a generation's new create
+    request at its provider, which may cost), in words, or ``None``: the job's kind says."""
+    from . import kinds  # here: `spool status` imports this module and never retries
+
     found = load_job(tree, job_id)
     if found is None:
         return None
-    spec = getattr(found[0], "generate", None)  # duck-typed: spool.kinds imports this module
-    return spec.provider if spec is not None else None
+    return kinds.of(found[0]).retry_cost(tree, found[0])
 
 
 def retry_job(tree: Tree, job_id: str, by: str, journal: Journal, *, resubmit: bool = False) -> None:
@@ -101,17 +101,17 @@ def retry_job(tree: Tree, job_id: str, by: str, journal: Journal, *, resubmit: b
     The workers blocked from it (host-class failures) may take it again: the
     operator says the hosts were fixed.
 
-    A generation job's new attempt is a new create request at its provider (and
-    may cost), so it is refused unless ``resubmit`` says the caller agreed (``--yes``)."""
+    A retry that would cost (a generation's new create request at its provider) is
+    refused unless ``resubmit`` says the caller agreed (``--yes``); one that downloads
+    a kept result again costs nothing and needs no ``--yes``."""
     from . import blocklist, retry  # here: `spool status` imports this module and needs neither
 
     _require(tree, job_id, "failed")
-    provider = resubmits_to(tree, job_id)
-    if provider is not None and not resubmit:
+    cost = resubmits_to(tree, job_id)
+    if cost is not None and not resubmit:
         raise InvalidInput(
             "--yes",
-            f"{job_id} is a generation job: a retry submits it to provider {provider!r} again "
-            "(a new create request, which may cost); pass --yes to retry it",
+            f"a retry of {job_id} sends {cost}; run spool retry --yes {job_id} to retry it",
         )
     retry.mark_operator_retry(tree, job_id, by)
     clear_cancel(tree, job_id)
@@ -136,37 +136,30 @@ def revise(
     tree: Tree,
     cfg: Config,
     job_id: str,
-    new_recipe: dict[str, Any],
+    spec: Any,
     by: str,
     journal: Journal,
     sources: dict[str, str] | None = None,
     *,
     force: bool = False,
 ) -> Job:
-    """A new revision with the new recipe; sources, tags, output name, stated
-    expectations and priority carry over (``sources`` adds or replaces roles,
-    and each must be used by the new recipe, as at submission).
-    It goes through acceptance like any submission.
+    """A new revision with a new spec (a render's recipe, a generation's ``generate``
+    table); what the job's kind does not change carries over (tags, output name,
+    stated expectations, priority; a render's sources, with ``sources`` adding or
+    replacing roles). It goes through acceptance like any submission.
 
     Revisions form a line, not a tree: revising a job that already has a newer
     revision is refused, naming the newest, unless ``force`` (then the new
     revision still gets the next free number and supersedes ``job_id``)."""
     import json
 
-    from . import accept, recipe  # here: validating a recipe pulls in every job kind
+    from . import accept, kinds  # here: validating a spec pulls in every job kind
 
     found = load_job(tree, job_id)
     if found is None:
         raise NotFound(f"no job {job_id} in {tree.root}")
     old, _ = found
-    parsed = convert(new_recipe, recipe.Recipe, prefix="recipe")
-    unused = sorted(set(sources or {}) - parsed.roles())
-    if unused:
-        raise InvalidInput(
-            "--source",
-            f"the new recipe does not use role {', '.join(map(repr, unused))} "
-            f"(it uses {', '.join(sorted(parsed.roles()))})",
-        )
+    fields = kinds.of(old).revision(old, spec, dict(sources or {}))
     newer = newer_revisions(tree, old.name, old.revision)
     if newer and not force:
         newest, state = newer[-1]
@@ -175,25 +168,21 @@ def revise(
             f"already has a newer revision {old.name}@{newest} ({state}); revise that one, "
             f"or pass --force to branch a new revision from {job_id}",
         )
-    srcs = {s.role: s.path for s in old.sources}
-    srcs.update(sources or {})
-    srcs = {r: p for r, p in srcs.items() if r in parsed.roles()}  # drop what it no longer uses
     rev = max([old.revision, *(n for n, _ in newer)]) + 1
     while tree.job_attempts(f"{old.name}@{rev}").exists():
         rev += 1
-    stem = Path(old.output.file).stem
+    out_file = fields.pop("output_file")
     sub: dict[str, Any] = {
         "name": old.name,
         "revision": rev,
         "supersedes": job_id,
-        "sources": srcs,
-        "recipe": new_recipe,
-        "output": {"expect": msgspec.to_builtins(old.output.stated)},
+        "operation": old.operation,
+        **fields,
+        "output": {"expect": msgspec.to_builtins(old.output.stated), "file": out_file},
         "tags": old.tags,
         "priority": old.priority,
         "submitted_by": by,
     }
-    sub["output"]["file"] = f"{stem}{recipe.extension(parsed)}"
     data = json.dumps(sub).encode()
     job = accept.accept_bytes(tree, cfg, data, by)
     journal.record(job.job_id, "pending", from_="revise", reason=f"revision of {job_id} by {by}")

@@ -232,7 +232,7 @@ def _queue_gauges(
         "gauge",
         "Running generation jobs by the state of their current attempt (submitted ... failed).",
     )
-    from .generation import ORDER  # here: only this gauge needs the generation states
+    from .kinds.generate.states import ORDER  # here: only this gauge needs the generation states
 
     for state in ORDER:
         gens.add(generation_states.get(state, 0), worker=worker, state=state)
@@ -395,9 +395,9 @@ class QueueView:
 
     def _generation_states(self, running: list[tuple[str, float]]) -> dict[str, int]:
         """Running generations by state: the daemon's own from memory
-        (:func:`spool.generation.known_state`), any other job from its files (a
+        (:func:`spool.kinds.generate.states.known_state`), any other job from its files (a
         listing of ``attempts/J/`` and a look at ``gen/``)."""
-        from . import generation  # here: only this gauge needs the generation states
+        from .kinds.generate import states as generation  # here: only this gauge needs them
 
         mine: dict[str, int] = {}
         rows = []
@@ -476,7 +476,7 @@ GENERATION_COUNTERS = (
 def generation_families(
     worker: str, by_provider: dict[str, dict[str, int]], cas_conflicts: int
 ) -> list[Family]:
-    """The generation driver's counters (:meth:`spoold.generations.Generations.counters`)."""
+    """The generate kind's counters (:meth:`spool.kinds.generate.kind.Generate.metric_families`)."""
     fams = []
     for name, help_, key in GENERATION_COUNTERS:
         fam = Family(name, "counter", help_)

@@ -162,13 +162,16 @@ class AttemptRecord(Record, kw_only=True):
 
 class Interruption(Record, kw_only=True):
     """``attempts/J/<n>/interrupted.json``: the attempt was stopped before it ended
-    (a graceful stop, or ownership lost at a fence)."""
+    (a graceful stop, ownership lost at a fence, or deferred: it waited for a
+    provider's quota or spending allowance and did nothing that counts)."""
 
     job_id: str
     attempt: int
     reason: str
     worker: str
     at: datetime
+    #: Deferred: the attempt made no create and does not count against ``max_attempts``.
+    deferred: bool = False
 
 
 class Delay(Record, kw_only=True):
@@ -261,7 +264,22 @@ class ValidationReport(Record, kw_only=True):
         return [c for c in self.checks if not c.ok]
 
 
-Stage = Literal["prepare", "render", "validate", "publish", "commit", "recover", "cancel"]
+#: Where an attempt failed. ``produce`` is any kind's making of its candidate (an
+#: unexpected error); ``submit``, ``generate`` and ``retrieve`` are a generation's
+#: steps (its create, the provider's work, the download).
+Stage = Literal[
+    "prepare",
+    "render",
+    "produce",
+    "submit",
+    "generate",
+    "retrieve",
+    "validate",
+    "publish",
+    "commit",
+    "recover",
+    "cancel",
+]
 
 
 class Failure(Record, kw_only=True):

@@ -365,7 +365,7 @@ def generation_states(tree: Tree, running: list[dict[str, Any]]) -> dict[str, in
     running jobs that are generations: one listing of each one's ``gen/``."""
     if not any(row["attempt"] is not None for row in running):
         return {}
-    from . import generation  # here: only the generation block needs it
+    from .kinds.generate import states as generation  # here: only the generation block needs it
 
     counts: dict[str, int] = {}
     for row in running:

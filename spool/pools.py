@@ -18,11 +18,14 @@ RENDER = "render"
 
 
 def capacities(cfg: Config) -> dict[str, int]:
-    """Every pool this spool's config sizes, by name: the render slots, and one
-    ``provider:<name>`` allowance (``in_flight``) per configured provider."""
-    from .providers.config import pool_capacities  # the providers build on config, not on pools
+    """Every pool this spool's config sizes, by name, as each kind declares them (the
+    render slots; one allowance per configured provider of the generate kind)."""
+    from . import kinds  # the kinds build on pools (RENDER), not the other way
 
-    return {RENDER: cfg.limits.max_active, **pool_capacities(cfg.provider_configs.values())}
+    out = {RENDER: cfg.limits.max_active}
+    for kind in kinds.KINDS.values():
+        out.update(kind.pools(cfg))
+    return out
 
 
 class Pools:
@@ -52,6 +55,10 @@ class Pools:
 
     def active(self, pool: str) -> int:
         return self._active.get(pool, 0)
+
+    def holders(self, pool: str) -> set[str]:
+        """The job IDs holding ``pool`` now."""
+        return {j for j, p in self._holder.items() if p == pool}
 
     def usage(self) -> dict[str, PoolUse]:
         """For the heartbeat, status and metrics."""

@@ -78,6 +78,8 @@ class Outcome:
     decision: Decision | Literal["quarantine", "resumed"]
     reason: str
     to_state: str
+    #: For ``resumed``: the attempt the caller's driver carries on.
+    attempt: int = 0
 
 
 def current_attempt(tree: Tree, job_id: str, worker: str) -> int:
@@ -237,13 +239,19 @@ def recover(
     # A kind may carry on an attempt in flight itself (a generation keeps polling the
     # same provider job); only otherwise does the evidence decide.
     n = current_attempt(tree, job_id, owner)
-    if n and kinds.of(job).resume(ctx, job, tree.attempt_dir(job_id, n)):
-        reason = f"attempt {n} is in flight; its kind resumes it"
+    kind = kinds.of(job)
+    if (
+        n
+        and ctx.resumes_driven
+        and kind.runner == "driven"
+        and kind.resume(ctx, job, tree.attempt_dir(job_id, n))
+    ):
+        reason = f"attempt {n} is in flight; the driver carries it on"
         ctx.journal.record(
             job_id, "running", from_="running", attempt=n, reason=f"recovery (resumed): {reason}"
         )
         log.info("%s: recovery resumed attempt %d", job_id, n)
-        return Outcome(job_id, "resumed", reason, "running")
+        return Outcome(job_id, "resumed", reason, "running", attempt=n)
     report = None
     valid: bool | None = None
     if needs_validation:

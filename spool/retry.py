@@ -19,18 +19,23 @@ import time
 from datetime import UTC, datetime
 
 from .config import Recovery
-from .model import AttemptRecord, Delay, RetryMark, decode, encode, now
+from .model import AttemptRecord, Delay, Interruption, RetryMark, decode, encode, now
 from .records import read
 from .tree import Tree, write_atomic
 
 
 def claims_made(tree: Tree, job_id: str) -> int:
-    """Attempts that were claims (not recovery or cancel bookkeeping): what
-    ``max_attempts`` counts."""
+    """Attempts that were claims (not recovery or cancel bookkeeping, nor deferred:
+    an attempt that waited for a provider's quota did nothing): what ``max_attempts``
+    counts."""
     used = 0
     for n in tree.attempt_numbers(job_id):
-        rec = read(tree.attempt_dir(job_id, n) / "attempt.json", AttemptRecord)
-        if rec is not None and rec.reason == "claim":
+        d = tree.attempt_dir(job_id, n)
+        rec = read(d / "attempt.json", AttemptRecord)
+        if rec is None or rec.reason != "claim":
+            continue
+        stop = read(d / "interrupted.json", Interruption) if (d / "interrupted.json").exists() else None
+        if stop is None or not stop.deferred:
             used += 1
     return used
 
@@ -46,10 +51,15 @@ def schedule(tree: Tree, job_id: str, policy: Recovery, after_attempt: int, reas
     """Record when the job may run again; returns the wait in seconds."""
     wait = backoff(policy, claims_made(tree, job_id))
     if wait > 0:
-        when = datetime.fromtimestamp(time.time() + wait, UTC)
-        rec = Delay(job_id=job_id, not_before=when, after_attempt=after_attempt, reason=reason)
-        write_atomic(tree.job_attempts(job_id) / "delay.json", encode(rec))
+        delay_until(tree, job_id, time.time() + wait, after_attempt, reason)
     return wait
+
+
+def delay_until(tree: Tree, job_id: str, until: float, after_attempt: int, reason: str) -> None:
+    """``delay.json``: the job is not claimed before ``until`` (epoch seconds)."""
+    when = datetime.fromtimestamp(until, UTC)
+    rec = Delay(job_id=job_id, not_before=when, after_attempt=after_attempt, reason=reason)
+    write_atomic(tree.job_attempts(job_id) / "delay.json", encode(rec))
 
 
 def not_before(tree: Tree, job_id: str) -> float | None:

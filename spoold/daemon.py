@@ -35,6 +35,7 @@ from spool import (
     fsck,
     groupcommit,
     health,
+    kinds,
     quarantine,
     recover,
     secrets,
@@ -50,7 +51,7 @@ from spool.status import count
 from spool.tree import Tree, make_dirs, visible_names
 from spool.workers import Heartbeat, Identity
 
-from .generations import Generations
+from .driver import Driver
 from .hooks import Hook, call, default_hooks
 from .policies import AutoRecover
 from .slots import Slot, SlotThreads
@@ -73,7 +74,7 @@ class Daemon:
         self.stopping = False
         self.stop_deadline = 0.0
         self.journal = Journal(tree, worker)
-        self.ctx = Context(tree, cfg, worker, self.journal, self.interrupt)
+        self.ctx = Context(tree, cfg, worker, self.journal, self.interrupt, resumes_driven=True)
         self.index = claim.PendingIndex(tree, worker)
         #: One thread per running attempt, whatever pool it draws from.
         self.slots: dict[str, Slot] = {}
@@ -104,8 +105,10 @@ class Daemon:
         self.stats: dict[str, int] = {"claim_conflicts": 0, "claims": 0}
         self.hooks = [AutoRecover(), *default_hooks()] if hooks is None else hooks
         self.journal.listeners.append(lambda ev: call(self.hooks, "event", self, ev))
-        #: Generations (driven kinds) run here between polls, not in slot threads.
-        self.generations = Generations(self.ctx, self._driven_done)
+        #: Attempts of driven kinds (generations) are stepped here, not in slot threads.
+        self.driver = Driver(self.ctx, self._driven_done)
+        #: Why a pool's gate is closed (for the heartbeat and spool status): pool -> gate.
+        self.gates: dict[str, kinds.base.Gate] = {}
         self._next_beat = 0.0
         self._next_scan = 0.0
         #: spool.toml, re-read when it changes and on SIGHUP (set by the handler).
@@ -150,7 +153,7 @@ class Daemon:
             if not self._when_space("recover its own jobs", self._adopt):
                 return 0
             self._check_health()
-            self.generations.start()
+            self.driver.start()
             call(self.hooks, "started", self)
             while True:
                 try:
@@ -163,7 +166,7 @@ class Daemon:
                     self._step_failed(exc)
         finally:
             self.watcher.stop()
-            self.generations.stop()  # generations in flight stay in running/ and resume at restart
+            self.driver.stop()  # driven attempts in flight stay in running/ and resume at restart
             if self.slots:
                 self.interrupt.set()
             for t in list(self.slots.values()):
@@ -185,6 +188,23 @@ class Daemon:
             log.info("removed %s: %s", p.path, p.problem)
         for outcome in recover.adopt(self.ctx):
             log.info("adopted %s: %s -> %s", outcome.job_id, outcome.decision, outcome.to_state)
+            self.carry_on(outcome)
+
+    def carry_on(self, outcome: recover.Outcome) -> None:
+        """An attempt recovery resumed (a driven kind's, in flight): the driver takes it,
+        and it holds its pool as a claim would."""
+        if outcome.decision != "resumed":
+            return
+        jid = outcome.job_id
+        try:
+            data = self.tree.job_file("running", jid, self.worker).read_bytes()
+            kind = kinds.of(kinds.decode_job(data))
+        except Exception:
+            with self._orphans_lock:  # vanished or damaged since: recover it by evidence
+                self.orphans[jid] = (time.monotonic(), 1.0)
+            return
+        self.pools.take(jid, kind.pool(data))
+        self.driver.resume(jid, outcome.attempt, kind)
 
     def _when_space(self, what: str, step: Callable[[], None]) -> bool:
         """Run ``step``, retrying with backoff while the spool's disk is full;
@@ -355,7 +375,7 @@ class Daemon:
         self._beat_written = False
         if now >= self._next_beat:
             self.heartbeat.beat(
-                active=[*self.slots, *self.generations.held()],
+                active=[*self.slots, *self.driver.held()],
                 state="stopping" if self.stopping else ("disk_full" if self.disk_full_since else "running"),
                 temp_disk_reserved=sum(self.reserved.values()),
                 oldest_pending_submitted=self.index.oldest_submitted(),
@@ -445,18 +465,29 @@ class Daemon:
             raise
         for jid, pool in claimed:
             crashpoint("after_claim")
-            if self.generations.drives(pool):
-                self.generations.take(jid)  # no thread, no render slot: polled by the driver
+            kind = kinds.owner_of_pool(pool)
+            if kind.runner == "driven":
+                self.driver.take(jid, kind)  # no thread, no render slot: stepped by the driver
                 continue
             self.slots[jid] = self.threads.run(f"job-{jid}", partial(self._run_job, jid))
 
     def _claim_batch(self, claimed: list[tuple[str, str]]) -> None:
+        gates: dict[str, int | None] = {}  # pool -> room its kind's gate leaves (None: no limit)
+        self.gates = {}
         for jid in self.index.ordered():
             if self.stopping or self.pools.full():
                 break
             pool = self.index.pool(jid)
             if not self.pools.has_room(pool):
                 continue
+            if pool not in gates:
+                gate = kinds.owner_of_pool(pool).gate(self.ctx, pool, self.pools.holders(pool))
+                gates[pool] = gate.room
+                if gate.room == 0:
+                    self.gates[pool] = gate
+            room = gates[pool]
+            if room is not None and room <= 0:
+                continue  # the pool's gate is closed (a provider's quota or spending): it waits
             need = self.index.estimate(jid)
             if not self._disk_allows(need):
                 if jid not in self._disk_warned:
@@ -476,6 +507,8 @@ class Daemon:
             self.reserved[jid] = need
             self.pools.take(jid, pool)
             claimed.append((jid, pool))
+            if room is not None:
+                gates[pool] = room - 1
 
     def _look_at_quarantine(self, now: float) -> None:
         """An operator lifts a quarantine by removing its file (spool worker release)."""
@@ -525,7 +558,7 @@ class Daemon:
             self.wake.set()
 
     def _driven_done(self, jid: str, outcome: str) -> None:
-        """The generation driver finished a job: reap it like a slot thread's."""
+        """The driver finished a job: reap it like a slot thread's."""
         self._note_outcome(jid, outcome)
         with self._orphans_lock:
             self._finished.add(jid)
@@ -538,7 +571,9 @@ class Daemon:
             due = [(j, wait) for j, (when, wait) in self.orphans.items() if when <= now]
         for jid, wait in due:
             try:
-                recover.recover(self.ctx, jid, why="this worker's attempt thread ended abnormally")
+                outcome = recover.recover(self.ctx, jid, why="this worker's attempt thread ended abnormally")
+                if outcome is not None:
+                    self.carry_on(outcome)
             except Exception:
                 log.exception("%s: recovery failed; trying again in %.0f s", jid, wait * 2)
                 with self._orphans_lock:
@@ -558,8 +593,6 @@ class Daemon:
         for jid in finished - self.slots.keys():  # driven jobs: no thread to join
             self.reserved.pop(jid, None)
             self.pools.give_back(jid)
-        for jid, pool in self.generations.adopted():  # resumed by recovery: they hold their pool
-            self.pools.take(jid, pool)
 
     def _disk_allows(self, need: int) -> bool:
         """Reserve before claiming: within the allowance, and actually free on disk."""
@@ -573,7 +606,7 @@ class Daemon:
         """Nothing left that this worker could do: nothing running, arriving, or pending
         that it may claim (a quarantined worker may claim nothing; a blocked job is
         another worker's)."""
-        if self.slots or self.orphans or self.generations.busy():
+        if self.slots or self.orphans or self.driver.busy():
             return False
         if self.quarantined is not None:
             return True

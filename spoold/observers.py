@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from spool import generation, metrics, overview, thumbs
+from spool import kinds, metrics, overview, thumbs
 from spool.model import Event, Manifest
 from spool.status import read
 from spool.tree import make_dirs
@@ -106,9 +106,8 @@ class Metrics(Hook):
             daemon.pools.usage(),
             daemon.quarantined is not None,
         )
-        fams += metrics.generation_families(
-            daemon.worker, daemon.generations.counters(), generation.conflicts()
-        )
+        for kind in kinds.KINDS.values():
+            fams += kind.metric_families(daemon.worker)
         # pending/ as the daemon's index knows it: listing a big queue on a NAS every
         # metrics_interval cost a core's percent (issue 17); while the index is still
         # reading a backlog, its count is the listed names. The oldest submission is

@@ -39,6 +39,7 @@ class AutoRecover(Hook):
             if p.act:
                 log.warning("recovering %d job(s) of %s: %s", len(p.jobs), p.worker, p.why)
         for outcome in recover.execute_plan(daemon.ctx, plans):
+            daemon.carry_on(outcome)
             log.warning(
                 "recovered %s: %s -> %s (%s)",
                 outcome.job_id,

@@ -22,13 +22,14 @@ import pytest
 from conftest import TAGS, minimal, run_cli, state_files, wait_for, write_json
 from provsim import ProviderSim
 
-from spool import accept, claim, config, generation, pools, settings
+from spool import accept, claim, config, pools, settings
 from spool.context import Context
 from spool.errors import InvalidInput
 from spool.events import Journal
 from spool.execute import execute
 from spool.faults import OTHER_POINTS
 from spool.kinds import KINDS, GenerateJob, decode_job
+from spool.kinds.generate import states as generation
 from spool.model import Failure, Manifest, encode
 from spool.records import read
 from spool.tree import Tree

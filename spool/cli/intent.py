@@ -51,7 +51,9 @@ def retry_cmd(
     job: JobArg,
     yes: Annotated[
         bool,
-        typer.Option("--yes", help="Retry a generation job although it submits to its provider again."),
+        typer.Option(
+            "--yes", help="Retry although it costs: a generation's new create request at its provider."
+        ),
     ] = False,
     by: ByOpt = None,
     spool: SpoolOpt = None,
@@ -59,26 +61,22 @@ def retry_cmd(
 ) -> None:
     """Send a failed job back to pending: same job file and recipe, a new attempt.
 
-    A generation job's retry is a new create request at its provider (it may cost):
-    it needs --yes."""
+    A retry that sends a generation's new create request to its provider (it may cost)
+    needs --yes; one that downloads a kept result again does not."""
     from .. import intent  # here: spool starts faster without it
 
     tree, _, journal = _journal(spool, as_json)
     try:
-        provider = intent.resubmits_to(tree, job)
+        cost = intent.resubmits_to(tree, job)
         intent.retry_job(tree, job, by or getpass.getuser(), journal, resubmit=yes)
     except SpoolError as exc:
         raise fail(exc, as_json) from None
-    if provider is not None:
-        echo(
-            f"spool: warning: {job} will be submitted to provider {provider!r} again "
-            "(a new create request, which may cost)",
-            err=True,
-        )
+    if cost is not None:
+        echo(f"spool: warning: the retry of {job} sends {cost}", err=True)
     if as_json:
         out: dict[str, object] = {"job_id": job, "state": "pending"}
-        if provider is not None:
-            out |= {"submits_again": True, "provider": provider}
+        if cost is not None:
+            out |= {"submits_again": True, "cost": cost}
         print_json(out)
     else:
         typer.echo(f"{job}: pending (retry)")
@@ -87,7 +85,15 @@ def retry_cmd(
 @app.command()
 def revise(
     job: JobArg,
-    recipe: Annotated[Path, typer.Option("--recipe", help="JSON file with the new recipe.")],
+    spec: Annotated[
+        Path,
+        typer.Option(
+            "--spec",
+            "--recipe",
+            help="JSON file with the new spec: a render's recipe, or a generation's generate table "
+            "(provider, model, input; what it leaves out carries over).",
+        ),
+    ],
     source: Annotated[list[str] | None, typer.Option("--source", help="ROLE=PATH to add or replace.")] = None,
     force: Annotated[
         bool, typer.Option("--force", help="Revise JOB even though a newer revision of it exists.")
@@ -98,22 +104,23 @@ def revise(
 ) -> None:
     """A new editorial choice: a new revision name@N+1 that supersedes JOB (which stays as it was).
 
-    Refused while JOB has a newer revision (revise the newest), unless --force."""
+    A render's new recipe, or a generation's new prompt or parameters. Refused while JOB has a
+    newer revision (revise the newest), unless --force."""
     from .. import intent  # here: spool starts faster without it
 
     tree, cfg, journal = _journal(spool, as_json)
     try:
         try:
-            value = parse_json(recipe.read_bytes(), "--recipe")
+            value = parse_json(spec.read_bytes(), "--spec")
         except OSError as exc:
-            raise InvalidInput("--recipe", f"{recipe} cannot be read ({exc.strerror})") from None
-        if isinstance(value, dict) and "recipe" in value:
+            raise InvalidInput("--spec", f"{spec} cannot be read ({exc.strerror})") from None
+        if isinstance(value, dict) and ("recipe" in value or "generate" in value):
             # A job or submission file carries sources, tags and output too, which
-            # revise would silently ignore: ask for the recipe alone.
+            # revise would silently ignore: ask for the spec alone.
             raise InvalidInput(
-                "--recipe",
-                f"{recipe} is a whole job or submission file; pass a file holding only its recipe "
-                "(the object with input and steps, e.g. jq .recipe FILE)",
+                "--spec",
+                f"{spec} is a whole job or submission file; pass a file holding only its spec "
+                "(a render's recipe, e.g. jq .recipe FILE; a generation's generate table, jq .generate FILE)",
             )
         extra = {}
         for item in source or []:

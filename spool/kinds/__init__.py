@@ -1,31 +1,22 @@
-"""The registry of job kinds: ``operation`` -> the :class:`~spool.kinds.base.Kind` that runs it.
+"""The job kinds: one folder or module each, and the registry (:mod:`.registry`).
 
-Adding a kind is one new module here (its job record, a ``Kind`` subclass
-and ``KIND = ...``), one line in :data:`KINDS` and one member of :data:`Job`;
-nothing else in spool branches on the kind. ``noop`` is the smallest example.
+This package's ``__init__`` is light on purpose: ``spool.toml`` is read by every
+command, and a kind's settings (the generate kind's ``[providers.<name>]``
+tables) are parsed by modules inside the kind's folder, so importing a kind's
+settings must not load every kind's machinery (FFmpeg command building, HTTP
+clients). The registry's names are loaded on first use.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import msgspec
-
-from ..errors import InvalidInput
-from ..model import JobBase
-from . import generate, noop, render
-from .base import RENDER_POOL, Kind, Produced
-from .generate import GenerateJob
-from .noop import NoopJob
-from .render import RenderJob
-
-#: Every kind spool runs, by the name submissions use as ``"operation"``.
-KINDS: dict[str, Kind[Any]] = {k.name: k for k in (render.KIND, noop.KIND, generate.KIND)}
-
-#: A job file of any kind: a tagged union on ``"operation"``.
-Job = RenderJob | NoopJob | GenerateJob
-
-_decoder = msgspec.json.Decoder(Job)
+if TYPE_CHECKING:
+    from .base import RENDER_POOL, Kind, Produced
+    from .generate.spec import GenerateJob
+    from .noop import NoopJob
+    from .registry import KINDS, Job, decode_job, named, of, owner_of_pool
+    from .render import RenderJob
 
 __all__ = [
     "KINDS",
@@ -39,24 +30,13 @@ __all__ = [
     "decode_job",
     "named",
     "of",
+    "owner_of_pool",
 ]
 
 
-def named(operation: str) -> Kind[Any]:
-    """The kind a submission asks for, or a rejection naming the field."""
-    try:
-        return KINDS[operation]
-    except KeyError:
-        raise InvalidInput(
-            "operation", f"must be one of {', '.join(sorted(KINDS))}, not {operation!r}"
-        ) from None
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from . import registry
 
-
-def of(job: JobBase) -> Kind[Any]:
-    """The kind of a frozen job."""
-    return KINDS[job.operation]
-
-
-def decode_job(data: bytes) -> Job:
-    """A job file's bytes -> the job of its kind (raises msgspec errors)."""
-    return _decoder.decode(data)
+        return getattr(registry, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,8 +19,21 @@ A kind owns:
   recovery runs on a leftover candidate;
 * **candidate**: where the evidence of an attempt lies, for recovery;
 * **pool**: which resource pool an attempt draws from (``render`` is the
-  ``max_active`` FFmpeg slots; a kind waiting on a remote service would draw
-  from its own allowance so that it never holds a render slot).
+  ``max_active`` FFmpeg slots; a kind waiting on a remote service draws from
+  its own allowance so that it never holds a render slot), the pools it
+  declares (:meth:`Kind.pools`) and the gate in front of them (:meth:`Kind.gate`:
+  how many of its jobs the daemon may claim now, and why not).
+
+How an attempt runs is the kind's choice (:attr:`Kind.runner`):
+
+* ``slot``: a daemon thread calls :meth:`Kind.produce`, which blocks until the
+  candidate exists (FFmpeg);
+* ``driven``: the daemon's driver (``spoold/driver.py``) calls :meth:`Kind.step`
+  whenever the attempt is due; each step does a little work and says when to
+  come back (:class:`Next`), or hands over a long :meth:`Kind.transfer`; so a
+  thousand attempts waiting on a remote service hold no thread. Endings are
+  exceptions, as for ``produce``; :meth:`Kind.abandon` records the kind's own
+  side of an ending first, and :meth:`Kind.audit` may look on afterwards.
 
 Everything after the candidate (store, manifest, ``complete/``) is the one
 publish path of :mod:`spool.publish`, the same for every kind.
@@ -30,12 +43,14 @@ from __future__ import annotations
 
 import abc
 import hashlib
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
 from .. import pools
+from ..errors import InvalidInput
 from ..model import JobBase, ValidationReport, canonical_json
 
 if TYPE_CHECKING:
@@ -43,6 +58,7 @@ if TYPE_CHECKING:
     from ..attempt import Attempt
     from ..config import Config
     from ..context import Context
+    from ..metrics import Family
     from ..tree import Tree
 
 J = TypeVar("J", bound=JobBase)
@@ -59,6 +75,67 @@ class Produced:
     seconds: float
 
 
+@dataclass(frozen=True)
+class Next:
+    """What a driven attempt needs next from the driver: a step at ``at`` (epoch
+    seconds), a transfer now, or the one publish path for ``produced``."""
+
+    action: Literal["wait", "transfer", "publish"]
+    at: float = 0.0
+    produced: Produced | None = None
+
+
+@dataclass(frozen=True)
+class Gate:
+    """How many more jobs of a pool the daemon may claim now (``room``: ``None`` is no
+    limit but the pool's own); when none, until when and why (for ``spool status``)."""
+
+    room: int | None = None
+    until: float | None = None
+    reason: str = ""
+
+
+class Abort:
+    """A way to stop a transfer from another thread within a second.
+
+    The transfer binds a closer (a socket's shutdown) while it blocks; :meth:`trip`
+    records why and calls it, so a read waiting on a silent server returns at once.
+    """
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self._closer: Callable[[], None] | None = None
+        self._lock = threading.Lock()
+        self._tripped = threading.Event()
+
+    def trip(self, reason: str) -> None:
+        with self._lock:
+            if self.reason is None:
+                self.reason = reason
+            closer = self._closer
+        self._tripped.set()
+        _call(closer)
+
+    def bind(self, closer: Callable[[], None] | None) -> None:
+        with self._lock:
+            self._closer = closer
+            tripped = self.reason is not None
+        if tripped:
+            _call(closer)
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; ``True`` at once if tripped."""
+        return self._tripped.wait(max(0.0, seconds))
+
+
+def _call(closer: Callable[[], None] | None) -> None:
+    if closer is not None:
+        try:
+            closer()
+        except OSError:
+            pass  # already closed
+
+
 class Kind(abc.ABC, Generic[J]):
     """One kind of job. Subclasses set :attr:`name` and :attr:`job_type`."""
 
@@ -68,9 +145,9 @@ class Kind(abc.ABC, Generic[J]):
     job_type: type[J]
     #: Whether poster frames of its outputs make sense (not for a text file).
     poster_frames: ClassVar[bool] = True
-    #: Whether the daemon drives its attempts step by step (a generation waiting on a
-    #: provider) instead of giving each one a slot thread that calls :meth:`produce`.
-    driven: ClassVar[bool] = False
+    #: How its attempts run: a slot thread calling :meth:`produce`, or the daemon's
+    #: driver calling :meth:`step` (see the module docstring).
+    runner: ClassVar[Literal["slot", "driven"]] = "slot"
 
     def pool(self, data: bytes) -> str:
         """The resource pool an attempt of a job of this kind draws from.
@@ -81,6 +158,19 @@ class Kind(abc.ABC, Generic[J]):
         just that field.
         """
         return RENDER_POOL
+
+    def pools(self, cfg: Config) -> dict[str, int]:
+        """The pools this kind's jobs draw from, with their sizes."""
+        return {RENDER_POOL: cfg.limits.max_active}
+
+    def owns_pool(self, pool: str) -> bool:
+        """Whether ``pool`` is one of this kind's own (it decides the pool's gate and runner)."""
+        return pool == RENDER_POOL
+
+    def gate(self, ctx: Context, pool: str, held: Collection[str]) -> Gate:
+        """How many more of the pool's jobs the daemon may claim now; ``held`` are the job
+        IDs of the pool this daemon holds. By default: no limit but the pool's size."""
+        return Gate()
 
     @abc.abstractmethod
     def freeze(self, tree: Tree, cfg: Config, sub: Submission, common: dict[str, Any]) -> J:
@@ -95,9 +185,47 @@ class Kind(abc.ABC, Generic[J]):
     def spec_hash(self, job: J) -> str:
         return hashlib.sha256(canonical_json(self.spec(job))).hexdigest()
 
-    @abc.abstractmethod
     def produce(self, ctx: Context, job: J, attempt: Attempt) -> Produced:
-        """Make the candidate inside ``attempt.work``."""
+        """Make the candidate inside ``attempt.work`` (a ``slot`` kind)."""
+        raise NotImplementedError(f"{self.name} is a {self.runner} kind: the driver steps it")
+
+    # -- a driven kind (runner = "driven") ------------------------------------------------
+    def step(self, ctx: Context, job: J, attempt: Attempt) -> Next:
+        """Take the attempt's next step; raise as :meth:`produce` does to end it."""
+        raise NotImplementedError(f"{self.name} is a {self.runner} kind: a slot thread produces it")
+
+    def transfer(self, ctx: Context, job: J, attempt: Attempt, abort: Abort) -> Next:
+        """The long part a step handed over (``Next("transfer")``), on a transfer thread;
+        ``abort`` is tripped when the attempt must stop (a cancel, the daemon stopping)."""
+        raise NotImplementedError(f"{self.name} has no transfers")
+
+    def abandon(self, ctx: Context, job: J, attempt: Attempt, exc: BaseException) -> float | None:
+        """The attempt ends with ``exc`` (before the failure record): record the kind's own
+        side. Returns when to :meth:`audit` it (``None``: never)."""
+        return None
+
+    def audit(self, ctx: Context, job_id: str, attempt: int) -> float | None:
+        """Look at an ended attempt once more (a remote result arriving late is recorded,
+        never used); returns when to look again (``None``: done)."""
+        return None
+
+    def revision(self, job: J, spec: Any, sources: dict[str, str]) -> dict[str, Any]:
+        """The kind's fields of a submission for a new revision of ``job`` with ``spec`` (the
+        new spec as ``spool revise --spec`` reads it) and ``sources`` (roles added or replaced).
+        Acceptance checks the result like any submission."""
+        raise InvalidInput("--spec", f"a {self.name} job has no spec to revise")
+
+    def retry_cost(self, tree: Tree, job: J) -> str | None:
+        """What an operator's retry would spend beyond compute (a paid create at a
+        provider), in words, or ``None``."""
+        return None
+
+    def metric_families(self, worker: str) -> list[Family]:
+        """The kind's own counters for the daemon's metrics file (none by default)."""
+        return []
+
+    def close(self) -> None:
+        """Release what the kind holds open (connections) when the daemon stops."""
 
     @abc.abstractmethod
     def check(self, cfg: Config, job: J, candidate: Path, log: Path) -> ValidationReport:

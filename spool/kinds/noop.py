@@ -32,6 +32,9 @@ class Noop(Kind[NoopJob]):
     job_type = NoopJob
     poster_frames = False
 
+    def owns_pool(self, pool: str) -> bool:
+        return False  # it borrows the render kind's slots
+
     def freeze(self, tree: Tree, cfg: Config, sub: Submission, common: dict[str, Any]) -> NoopJob:
         if not cfg.acceptance.allow_noop:
             raise InvalidInput(

@@ -19,6 +19,7 @@ import msgspec
 from .. import ffcommand, health, intent, layers, recipe, render, store
 from .. import sources as sources_
 from ..attempt import drop_partial
+from ..decoding import convert
 from ..errors import Failed, Interrupted, InvalidInput
 from ..faults import crashpoint
 from ..model import JobBase, LayerBox, Output, Progress, Source, ValidationReport
@@ -47,6 +48,25 @@ class Render(Kind[RenderJob]):
     job_type = RenderJob
 
     # -- acceptance -------------------------------------------------------------
+    def revision(self, job: RenderJob, spec: Any, sources: dict[str, str]) -> dict[str, Any]:
+        """A new recipe; the sources carry over (``sources`` adds or replaces roles, and each
+        must be used by the new recipe, as at submission)."""
+        parsed = convert(spec, recipe.Recipe, prefix="recipe")
+        unused = sorted(set(sources) - parsed.roles())
+        if unused:
+            raise InvalidInput(
+                "--source",
+                f"the new recipe does not use role {', '.join(map(repr, unused))} "
+                f"(it uses {', '.join(sorted(parsed.roles()))})",
+            )
+        srcs = {s.role: s.path for s in job.sources}
+        srcs.update(sources)
+        return {
+            "sources": {r: p for r, p in srcs.items() if r in parsed.roles()},  # drop what it no longer uses
+            "recipe": spec,
+            "output_file": f"{Path(job.output.file).stem}{recipe.extension(parsed)}",
+        }
+
     def freeze(self, tree: Tree, cfg: Config, sub: Submission, common: dict[str, Any]) -> RenderJob:
         rec = sub.recipe
         if rec is None:

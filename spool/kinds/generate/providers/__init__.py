@@ -1,7 +1,7 @@
-"""Hosted video model providers for generation jobs (SPEC section 8).
+"""Hosted video model providers for the generate kind (SPEC section 8).
 
 :func:`open_provider` turns a ``[providers.<name>]`` table into a live
-:class:`~spool.providers.base.Provider`. The built-in kinds are ``replicate``
+:class:`~spool.kinds.generate.providers.base.Provider`. The built-in kinds are ``replicate``
 and ``runway``; another kind plugs in as an entry point of the
 ``spool.providers`` group whose object is a :class:`Provider` subclass (or a
 factory) called as ``factory(config, token)``::
@@ -21,12 +21,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError
+from ....errors import ConfigError
 from .config import ProviderConfig, parse_provider, parse_providers, secret_names
 
 if TYPE_CHECKING:
     from .base import (
-        CHECK_PROVIDER,
         FINAL,
         Downloaded,
         HttpProvider,
@@ -44,8 +43,7 @@ Factory = Callable[..., "Provider"]
 
 #: What :mod:`.base` defines and this package re-exports (loaded on first use).
 _FROM_BASE = frozenset(
-    {"CHECK_PROVIDER", "FINAL", "Downloaded", "HttpProvider", "Lookup", "Provider"}
-    | {"ProviderError", "RemoteJob", "Status"}
+    {"FINAL", "Downloaded", "HttpProvider", "Lookup", "Provider"} | {"ProviderError", "RemoteJob", "Status"}
 )
 
 
@@ -69,7 +67,6 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "BUILTIN",
-    "CHECK_PROVIDER",
     "FINAL",
     "GROUP",
     "Downloaded",
@@ -116,7 +113,7 @@ def _lazy(ep: Any) -> Factory:
         if not isinstance(provider, Provider):
             raise ConfigError(
                 f"[providers.{config.name}] kind",
-                f"the plug-in {ep.value!r} did not make a spool.providers.Provider",
+                f"the plug-in {ep.value!r} did not make a spool.kinds.generate.providers.Provider",
             )
         return provider
 

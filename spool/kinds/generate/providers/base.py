@@ -1,19 +1,23 @@
 """The provider contract: what spool needs from a hosted video model, and nothing more.
 
-A provider is five operations (:class:`Provider`): ``create`` a generation
-under spool's idempotency key, ``get`` its state, ``cancel`` it, ``find`` it
-again after a crash lost the create's answer, and ``download`` its output to a
-path while hashing, within a length limit. Statuses are normalised to
-:data:`Status`; every failure is a :class:`ProviderError` whose ``outcome``
-says what the caller may do next:
+A provider is five operations (:class:`Provider`): ``create`` a generation,
+``get`` its state, ``cancel`` it, ``find`` the jobs a create may have made
+after its reply was lost, and ``download`` its output to a path while hashing,
+within the transfer limits. Statuses are normalised to :data:`Status`; every
+failure is a :class:`ProviderError` whose ``outcome`` says what the caller may
+do next:
 
 * ``retryable``: nothing happened that costs money or changes state; ask again
   later (after ``retry_after`` when the provider said so).
 * ``final``: asking again will not help (bad input, bad token, the provider
-  lost the job, an expired output URL); the error says the next action.
+  lost the job, an output that is gone); the error says the next action.
 * ``ambiguous``: only for ``create``: the request may have reached the
-  provider (a timeout or a 5xx after sending). Never resubmit blindly: ``find``
-  first (spool's "submit once" rule, SPEC section 8).
+  provider (a timeout, a 5xx, a malformed or lost reply). The caller never
+  creates again unless ``find`` proves nothing was made (the generate
+  workflow's "submit once" rule).
+
+A create the provider certainly refused is ``retryable`` (429, connection
+refused) or ``final`` (any other 4xx): nothing was made either way.
 
 The token is sent only to ``base_url``'s origin (output URLs on other hosts
 get no ``Authorization``), and no message this module builds contains it:
@@ -27,11 +31,12 @@ import binascii
 import email.utils
 import hashlib
 import os
+import socket
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections import Counter
-from collections.abc import Mapping
+from collections import Counter, deque
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -40,20 +45,20 @@ from urllib.parse import urlsplit
 import httpx
 import msgspec
 
-from .. import secrets
-from ..errors import SpoolError
+from .... import secrets
+from ....errors import SpoolError
+from ...base import Abort
 from .config import ProviderConfig
 
 #: Normalised provider statuses. ``queued`` covers "accepted, not started" and
-#: "throttled"; ``failed`` covers the provider's own aborts.
-Status = Literal["queued", "running", "succeeded", "failed", "canceled"]
+#: "throttled"; ``failed`` covers the provider's own aborts; ``unknown`` is a status
+#: the provider does not document (never final: polled until the deadline).
+Status = Literal["queued", "running", "succeeded", "failed", "canceled", "unknown"]
 #: Statuses after which a generation never changes at the provider.
 FINAL: frozenset[str] = frozenset({"succeeded", "failed", "canceled"})
 
 Outcome = Literal["retryable", "final", "ambiguous"]
 
-#: The next action a user reads when a create's fate cannot be told (SPEC section 8).
-CHECK_PROVIDER = "check the provider; spool retry submits again"
 #: Largest excerpt of a provider's reply quoted in an error.
 EXCERPT = 200
 
@@ -65,15 +70,24 @@ class RemoteJob(msgspec.Struct, kw_only=True):
     status: Status
     #: The provider's own word (``processing``, ``THROTTLED``, ...), for humans and metrics.
     raw_status: str
-    #: Output URLs (a provider with one output gives a list of one).
+    #: The video's URL, picked from the output by the kind's documented rule (a
+    #: succeeded job without one has ``output_problem`` instead).
     outputs: list[str] = []
+    #: Why a succeeded job's output holds no video (empty, an object without the
+    #: configured key, not a URL): a final failure, never "still processing".
+    output_problem: str | None = None
     #: The provider's failure message (redacted), if it failed.
     error: str | None = None
+    #: When the provider says the job was made (ISO 8601), for adoption after a lost reply.
     created_at: str | None = None
-    #: The input the provider holds for this job (from listings; used to match after a crash).
+    #: The input the provider holds for this job (from listings; ``None`` once the
+    #: provider's retention removed it or the kind does not show it).
     input: dict[str, Any] | None = None
     #: The model (``owner/name``) or version the job runs.
     model: str | None = None
+    #: Whether the provider keeps the job queued for its own limits (Runway ``THROTTLED``):
+    #: that time does not count against the attempt's deadline.
+    throttled: bool = False
 
     @property
     def final(self) -> bool:
@@ -81,19 +95,22 @@ class RemoteJob(msgspec.Struct, kw_only=True):
 
 
 class Lookup(msgspec.Struct, kw_only=True):
-    """The answer of :meth:`Provider.find` after a crash lost a create's reply.
+    """What a provider's listing says about the window since an intent (:meth:`Provider.find`).
 
-    ``found``: exactly one job matches; ``none``: the provider's listing covered
-    the time since the intent and nothing matched; ``ambiguous``: more than one
-    matched; ``unsupported``: the provider offers neither idempotency keys nor a
-    listing, so it cannot tell.
+    ``matches``: jobs of the window whose model and input are the frozen ones;
+    ``unknown``: IDs of jobs in the window whose input the listing no longer shows
+    (retention, or another kind of job): they could be the one the create made.
+    ``covered``: the listing was read back past the window's start. ``why``: what
+    kept it from being covered (or from being read at all: ``supported`` false).
     """
 
-    outcome: Literal["found", "none", "ambiguous", "unsupported"]
-    job: RemoteJob | None = None
-    candidates: list[str] = []
-    #: How many of the provider's jobs were compared.
+    supported: bool = True
+    matches: list[RemoteJob] = []
+    unknown: list[str] = []
+    covered: bool = False
     searched: int = 0
+    pages: int = 0
+    why: str = ""
 
 
 class Downloaded(msgspec.Struct, kw_only=True):
@@ -105,6 +122,7 @@ class Downloaded(msgspec.Struct, kw_only=True):
     #: Whether the provider sent a checksum that was checked (``Content-Digest``).
     checksum_checked: bool = False
     content_type: str | None = None
+    seconds: float = 0.0
 
 
 class ProviderError(SpoolError):
@@ -126,8 +144,9 @@ class ProviderError(SpoolError):
         self.operation = operation
         self.problem = secrets.redact(problem)
         self.outcome: Outcome = outcome
-        #: A short machine tag: rate_limited, server_error, timeout, connect, unauthorized,
-        #: lost, invalid, bad_reply, truncated, too_large, checksum, expired, http.
+        #: A short machine tag: rate_limited, quota, server_error, timeout, connect,
+        #: unauthorized, lost, invalid, bad_reply, transit, truncated, too_large, checksum,
+        #: expired, stalled, aborted, http.
         self.code = code
         self.http_status = http_status
         self.retry_after = retry_after
@@ -142,13 +161,6 @@ class ProviderError(SpoolError):
         return self.outcome == "retryable"
 
     @property
-    def poll_outcome(self) -> str:
-        """This failure as :data:`spool.polling.Outcome` (``done``: stop polling, the attempt fails)."""
-        if self.code in ("rate_limited", "server_error"):
-            return self.code
-        return "error" if self.outcome == "retryable" else "done"
-
-    @property
     def back_pressure(self) -> bool:
         """Whether the whole provider (not just this job) should be left alone for a while."""
         return self.code in ("rate_limited", "server_error")
@@ -157,8 +169,16 @@ class ProviderError(SpoolError):
 # -- pure helpers --------------------------------------------------------------
 
 
-def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header (delta-seconds or an HTTP date)."""
+def parse_retry_after(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """Seconds to wait from ``retry-after-ms`` (milliseconds, as OpenAI-style APIs send)
+    or ``Retry-After`` (delta-seconds or an HTTP date)."""
+    ms = headers.get("retry-after-ms")
+    if ms:
+        try:
+            return max(0.0, float(ms.strip()) / 1000.0)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
     if not value:
         return None
     value = value.strip()
@@ -213,9 +233,46 @@ def parse_content_digest(
     return None
 
 
-def _origin(url: str) -> tuple[str, str, int | None]:
+def origin(url: str) -> tuple[str, str, int | None]:
     parts = urlsplit(url)
     return parts.scheme, (parts.hostname or ""), parts.port
+
+
+def pick_video(output: Any, key: str | None) -> tuple[str | None, str | None]:
+    """The video URL in a model's output, by the documented rule -> (url, problem).
+
+    A string is the URL; a list gives its first string; an object gives the value
+    under ``key`` (``[providers.<name>] output_key``), itself by the same rule. Anything
+    else (empty, an object without the key, not an http(s) URL) is a problem, stated.
+    """
+    if isinstance(output, str):
+        if output.startswith(("https://", "http://")):
+            return output, None
+        return None, f"the output {_short(output)} is not a URL"
+    if isinstance(output, list):
+        if not output:
+            return None, "the output is an empty list"
+        first = next((o for o in output if isinstance(o, str)), None)
+        if first is None:
+            return None, f"the output list holds no URL ({_short(output)})"
+        return pick_video(first, None)
+    if isinstance(output, dict):
+        if key is None:
+            return None, (
+                f"the output is an object ({_short(output)}); name the key that holds the video "
+                "with output_key in the provider's table"
+            )
+        if key not in output:
+            return None, f"the output object has no key {key!r} ({_short(output)})"
+        return pick_video(output[key], None)
+    if output is None:
+        return None, "the provider reported success without an output"
+    return None, f"the output {_short(output)} is not a URL"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 # -- the contract ----------------------------------------------------------------
@@ -226,8 +283,13 @@ class Provider(ABC):
 
     #: The kind's name in ``[providers.<name>] kind`` and the entry-point group.
     kind: str = ""
-    #: Whether ``find`` can tell a lost create apart (keys or a listing with inputs).
+    #: Whether ``find`` can list the provider's jobs (and so may prove a create made nothing).
     can_find: bool = False
+    #: Whether a 429 on create means the daily quota is spent (Runway), not a brief throttle.
+    quota_on_create_429: bool = False
+    #: Whether ``cancel`` of a finished job deletes its result (Runway's ``DELETE``): the
+    #: caller then looks at the job first, and never cancels one that finished.
+    cancel_deletes: bool = False
 
     def __init__(self, config: ProviderConfig) -> None:
         self.config = config
@@ -237,6 +299,8 @@ class Provider(ABC):
         #: (downloaded and verified). Only ever grows.
         self.counts: Counter[str] = Counter()
         self._counts_lock = threading.Lock()
+        #: The provider's clock minus ours, from its ``Date`` header (``None``: not seen yet).
+        self.clock_offset: float | None = None
 
     def count(self, what: str, n: int = 1) -> None:
         with self._counts_lock:
@@ -250,21 +314,27 @@ class Provider(ABC):
     def create(self, model: str, input: dict[str, Any], key: str) -> RemoteJob:
         """Start a generation; ``key`` is spool's idempotency key (job + attempt)."""
 
+    def describe_create(self, model: str, input: dict[str, Any]) -> str:
+        """What a create request for ``model`` sends, for the create log (no input, no token)."""
+        return f"create {model}"
+
     @abstractmethod
     def get(self, job_id: str) -> RemoteJob:
-        """The generation's state now."""
+        """The generation's state now (and fresh output URLs, where the provider signs them)."""
 
     @abstractmethod
     def cancel(self, job_id: str) -> None:
         """Ask the provider to stop (and stop charging for) a generation."""
 
     @abstractmethod
-    def find(self, model: str, input: dict[str, Any], key: str, since: datetime) -> Lookup:
-        """Look for the generation a create with ``key``/``input`` made at or after ``since``."""
+    def find(self, model: str, input: dict[str, Any], since: datetime) -> Lookup:
+        """Every job made at or after ``since`` whose input may be this one (see :class:`Lookup`)."""
 
     @abstractmethod
-    def download(self, url: str, dest: Path, *, expected_sha256: str | None = None) -> Downloaded:
-        """Stream ``url`` into ``dest`` while hashing, within ``download.max_bytes``."""
+    def download(
+        self, url: str, dest: Path, *, abort: Abort | None = None, until: float | None = None
+    ) -> Downloaded:
+        """Stream ``url`` into ``dest`` while hashing, within the transfer limits."""
 
     def close(self) -> None:  # noqa: B027 - optional for kinds without connections
         """Release connections."""
@@ -290,8 +360,10 @@ class HttpProvider(Provider):
             follow_redirects=False,  # a redirect would carry the token elsewhere
         )
         # Downloads carry no token: output URLs are signed or public, often on another host.
+        # A read waits at most `stall` seconds: a silent server is a stalled download.
+        dl = config.download
         self._downloads = httpx.Client(
-            timeout=httpx.Timeout(config.download.timeout, connect=min(10.0, config.download.timeout)),
+            timeout=httpx.Timeout(min(dl.stall, dl.timeout), connect=min(10.0, dl.timeout)),
             transport=transport,
             follow_redirects=True,
         )
@@ -321,6 +393,16 @@ class HttpProvider(Provider):
         self.count(f"error.{kw.get('code', 'http')}")
         return ProviderError(self.name, operation, self._mask(problem), **kw)
 
+    def _clock(self, resp: httpx.Response) -> None:
+        date = resp.headers.get("date")
+        if not date:
+            return
+        try:
+            theirs = email.utils.parsedate_to_datetime(date).timestamp()
+        except (TypeError, ValueError):
+            return
+        self.clock_offset = theirs - time.time()
+
     # -- requests ----------------------------------------------------------------
     def request(
         self,
@@ -341,7 +423,7 @@ class HttpProvider(Provider):
         try:
             resp = self._client.request(method, path, json=body, params=params)
         except httpx.ConnectError as exc:
-            # Nothing was sent: safe to retry, even a create.
+            # Nothing was sent: safe to send again, even a create.
             raise self.error(
                 operation,
                 f"could not connect to {self.config.base_url} ({exc})",
@@ -360,16 +442,19 @@ class HttpProvider(Provider):
                 operation,
                 f"failed in transit ({type(exc).__name__}: {exc})",
                 outcome="ambiguous" if creates else "retryable",
-                code="server_error",
+                code="transit",
             ) from None
+        self._clock(resp)
         if resp.status_code >= 400:
             outcome, code = classify_status(resp.status_code)
             if creates and code == "server_error":
                 outcome = "ambiguous"  # a gateway's 5xx can follow a create the backend did make
-            retry_after = parse_retry_after(resp.headers.get("retry-after"))
+            if creates and code == "rate_limited" and self.quota_on_create_429:
+                code = "quota"
+            retry_after = parse_retry_after(resp.headers)
             next_action = {
                 "unauthorized": f"check the token in the environment variable {self.config.token_env}",
-                "lost": "the provider does not know this job; spool retry submits again (and costs)",
+                "lost": "the provider does not know this job",
             }.get(code)
             raise self.error(
                 operation,
@@ -399,25 +484,41 @@ class HttpProvider(Provider):
         )
 
     # -- downloads -----------------------------------------------------------------
-    def download(self, url: str, dest: Path, *, expected_sha256: str | None = None) -> Downloaded:
+    def download(
+        self, url: str, dest: Path, *, abort: Abort | None = None, until: float | None = None
+    ) -> Downloaded:
         """Stream ``url`` into ``dest`` (created or truncated) while hashing.
 
-        Checked, in order: the HTTP status (403/404/410: the URL expired, final),
-        ``download.max_bytes`` (final), the ``Content-Length`` against the bytes
-        received (truncated: retryable from the same URL), and the provider's
-        ``Content-Digest`` sha-256 and ``expected_sha256`` (mismatch: retryable).
-        On any failure ``dest`` is removed, so a partial file is never promoted.
-        The file is fsynced before this returns.
+        Limits: the whole transfer ends by ``download.timeout`` seconds (or ``until``,
+        epoch seconds, if sooner); a transfer slower than ``download.min_rate`` over
+        ``download.stall`` seconds, or silent that long, is stalled; ``abort`` stops it
+        from another thread within a second. Checked, in order: the HTTP status
+        (401/403/404/410: the URL expired or is gone, ``expired``), ``download.max_bytes``
+        (final), the ``Content-Length`` against the bytes received (truncated), and the
+        provider's ``Content-Digest`` sha-256 (mismatch). On any failure ``dest`` is
+        removed, so a partial file is never promoted. The file is fsynced before this
+        returns.
         """
         op = "download"
-        limit = self.config.download.max_bytes_int
+        dl = self.config.download
+        limit = dl.max_bytes_int
         digest = hashlib.sha256()
         size = 0
+        started = time.monotonic()
+        end = started + dl.timeout
+        if until is not None:
+            end = min(end, started + max(0.0, until - time.time()))
+        window: deque[tuple[float, int]] = deque()  # (when, size so far) over the last `stall` s
+        min_bytes = dl.min_rate_int * dl.stall
         headers = {"Accept-Encoding": "identity"}
-        if _origin(url) == _origin(self.config.base_url):
+        if origin(url) == origin(self.config.base_url):
             headers["Authorization"] = f"Bearer {self._token}"
         try:
+            if time.monotonic() >= end:
+                raise self._stalled(0, "the time left for it ran out before it began", code="timeout")
             with self._downloads.stream("GET", url, headers=headers) as resp:
+                if abort is not None:
+                    abort.bind(_shutdown_of(resp))
                 if resp.status_code in (401, 403, 404, 410):
                     raise self.error(
                         op,
@@ -425,8 +526,6 @@ class HttpProvider(Provider):
                         outcome="final",
                         code="expired",
                         http_status=resp.status_code,
-                        next_action="spool retry generates again (and costs); the provider keeps outputs "
-                        "only for a while",
                     )
                 if resp.status_code >= 400:
                     outcome, code = classify_status(resp.status_code)
@@ -436,7 +535,7 @@ class HttpProvider(Provider):
                         outcome="retryable" if code in ("rate_limited", "server_error") else outcome,
                         code=code,
                         http_status=resp.status_code,
-                        retry_after=parse_retry_after(resp.headers.get("retry-after")),
+                        retry_after=parse_retry_after(resp.headers),
                     )
                 declared = resp.headers.get("content-length")
                 if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -450,68 +549,80 @@ class HttpProvider(Provider):
                     resp.headers, ("repr-digest",) if encoded else ("content-digest", "repr-digest")
                 )
                 chunks = resp.iter_bytes(1 << 16) if encoded else resp.iter_raw(1 << 16)
+                window.append((time.monotonic(), 0))
                 with open(dest, "wb") as f:
                     for chunk in chunks:
+                        if abort is not None and abort.reason is not None:
+                            break
                         size += len(chunk)
                         if size > limit:
                             raise self._too_large(size, limit)
                         digest.update(chunk)
                         f.write(chunk)
+                        now = time.monotonic()
+                        if now >= end:
+                            raise self._stalled(
+                                size, f"did not finish within {dl.timeout:g} s", code="timeout"
+                            )
+                        window.append((now, size))
+                        while len(window) > 1 and window[1][0] <= now - dl.stall:
+                            window.popleft()
+                        t0, s0 = window[0]
+                        if now - t0 >= dl.stall and size - s0 < min_bytes:
+                            raise self._stalled(
+                                size,
+                                f"was slower than download.min_rate ({size - s0} bytes in the last "
+                                f"{now - t0:.0f} s)",
+                            )
+                    if abort is not None and abort.reason is not None:
+                        raise self._aborted(abort, size)
                     f.flush()
                     os.fsync(f.fileno())
                 if declared is not None and declared.isdigit() and size != int(declared):
                     raise self._truncated(size, int(declared))
                 got = digest.hexdigest()
-                for what, want in (
-                    ("the provider's Content-Digest", stated),
-                    ("the expected", expected_sha256),
-                ):
-                    if want is not None and want != got:
-                        raise self.error(
-                            op,
-                            f"checksum mismatch: {what} sha-256 is {want[:16]}…, the bytes received hash to "
-                            f"{got[:16]}…",
-                            outcome="retryable",
-                            code="checksum",
-                            next_action="spool downloads again from the same URL",
-                        )
+                if stated is not None and stated != got:
+                    raise self.error(
+                        op,
+                        f"checksum mismatch: the provider's Content-Digest sha-256 is {stated[:16]}…, "
+                        f"the bytes received hash to {got[:16]}…",
+                        outcome="retryable",
+                        code="checksum",
+                    )
                 self.count("bytes", size)
                 return Downloaded(
                     path=str(dest),
                     size=size,
                     sha256=got,
-                    checksum_checked=stated is not None or expected_sha256 is not None,
+                    checksum_checked=stated is not None,
                     content_type=resp.headers.get("content-type"),
+                    seconds=time.monotonic() - started,
                 )
         except ProviderError:
             _unlink(dest)
             raise
-        except httpx.RemoteProtocolError as exc:
-            # The server closed the connection before the declared length: truncated.
+        except (httpx.HTTPError, OSError) as exc:
             _unlink(dest)
-            raise self.error(
-                op,
-                f"was cut off after {size} bytes ({exc})",
-                outcome="retryable",
-                code="truncated",
-                next_action="spool downloads again from the same URL",
-            ) from None
-        except httpx.TimeoutException:
-            _unlink(dest)
-            raise self.error(
-                op,
-                f"stalled after {size} bytes (timeout {self.config.download.timeout:g} s)",
-                outcome="retryable",
-                code="timeout",
-            ) from None
-        except httpx.HTTPError as exc:
-            _unlink(dest)
+            if abort is not None and abort.reason is not None:
+                raise self._aborted(abort, size) from None
+            if isinstance(exc, OSError):
+                raise  # the local disk (full, read-only): the caller's kind of trouble
+            if isinstance(exc, httpx.TimeoutException):
+                raise self._stalled(size, f"got no byte for {dl.stall:g} s", code="stalled") from None
+            if isinstance(exc, httpx.RemoteProtocolError):
+                # The server closed the connection before the declared length: truncated.
+                raise self.error(
+                    op, f"was cut off after {size} bytes ({exc})", outcome="retryable", code="truncated"
+                ) from None
             raise self.error(
                 op, f"failed after {size} bytes ({type(exc).__name__})", outcome="retryable", code="http"
             ) from None
         except BaseException:
             _unlink(dest)
             raise
+        finally:
+            if abort is not None:
+                abort.bind(None)
 
     def _too_large(self, size: int, limit: int) -> ProviderError:
         return self.error(
@@ -528,8 +639,24 @@ class HttpProvider(Provider):
             f"was truncated: {size} of {declared} bytes arrived",
             outcome="retryable",
             code="truncated",
-            next_action="spool downloads again from the same URL",
         )
+
+    def _stalled(self, size: int, why: str, *, code: str = "stalled") -> ProviderError:
+        return self.error("download", f"{why} after {size} bytes", outcome="retryable", code=code)
+
+    def _aborted(self, abort: Abort, size: int) -> ProviderError:
+        return self.error(
+            "download", f"was stopped after {size} bytes: {abort.reason}", outcome="final", code="aborted"
+        )
+
+
+def _shutdown_of(resp: httpx.Response) -> Callable[[], None] | None:
+    """A callable that makes a read blocked on ``resp``'s socket return at once."""
+    stream = resp.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if not isinstance(sock, socket.socket):
+        return None
+    return lambda: sock.shutdown(socket.SHUT_RDWR)
 
 
 def _unlink(path: Path) -> None:

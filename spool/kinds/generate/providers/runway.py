@@ -11,11 +11,15 @@
   and ``Authorization: Bearer <token>``.
 
 Idempotency: Runway documents neither an idempotency key nor a task listing,
-so :meth:`Runway.find` answers ``unsupported``: after a crash between the
-intent record and the create's reply the attempt fails with "check the
-provider; spool retry submits again" rather than risk paying twice.
-Output URLs are signed and expire; an expired one is a located, final
-download failure.
+so :meth:`Runway.find` can never prove that a create whose reply was lost made
+nothing: such an attempt fails as "ambiguous create: check the provider".
+Runway's 429 on a create means the organisation's daily quota is spent
+(:attr:`Runway.quota_on_create_429`): jobs wait for it rather than fail.
+``THROTTLED`` is Runway's own queue (the concurrency limit): that time does not
+count against the attempt's deadline. A task fetched again returns fresh
+signed output URLs, so an expired URL is refreshed by :meth:`Runway.get`.
+``DELETE`` of a finished task deletes it (no refund) and makes it unfetchable:
+the generate kind never cancels a task it has not first seen unfinished.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
-from .base import HttpProvider, Lookup, RemoteJob, Status
+from .base import HttpProvider, Lookup, RemoteJob, Status, pick_video
 
 _STATUS: dict[str, Status] = {
     "PENDING": "queued",
@@ -49,6 +53,8 @@ def route(model: str, input: dict[str, Any]) -> tuple[str, str]:
 class Runway(HttpProvider):
     kind = "runway"
     can_find = False
+    quota_on_create_429 = True
+    cancel_deletes = True
 
     def extra_headers(self) -> dict[str, str]:
         return {"X-Runway-Version": self.config.api_version}
@@ -57,14 +63,12 @@ class Runway(HttpProvider):
         if not isinstance(data, dict) or not isinstance(data.get("id"), str) or not data["id"]:
             raise self.bad_reply(operation, "answered without a task id")
         raw = str(data.get("status", ""))
-        if raw not in _STATUS:
-            raise self.bad_reply(operation, f"reported the unknown status {raw!r}")
-        out = data.get("output") or []
-        if not isinstance(out, list) or not all(isinstance(u, str) for u in out):
-            raise self.bad_reply(operation, "reported an output that is not a list of URLs")
-        status = _STATUS[raw]
-        if status == "succeeded" and not out:
-            raise self.bad_reply(operation, "reported success without an output URL")
+        status: Status = _STATUS.get(raw, "unknown")
+        outputs: list[str] = []
+        problem = None
+        if status == "succeeded":
+            url, problem = pick_video(data.get("output"), self.config.output_key)
+            outputs = [url] if url else []
         failure = data.get("failure")
         code = data.get("failureCode")
         error = None
@@ -73,11 +77,16 @@ class Runway(HttpProvider):
         return RemoteJob(
             id=data["id"],
             status=status,
-            raw_status=raw,
-            outputs=list(out),
+            raw_status=raw or "(none)",
+            outputs=outputs,
+            output_problem=problem,
             error=error,
-            created_at=data.get("createdAt"),
+            created_at=data.get("createdAt") if isinstance(data.get("createdAt"), str) else None,
+            throttled=raw == "THROTTLED",
         )
+
+    def describe_create(self, model: str, input: dict[str, Any]) -> str:
+        return f"POST {route(model, input)[0]}"
 
     def create(self, model: str, input: dict[str, Any], key: str) -> RemoteJob:
         path, name = route(model, input)
@@ -92,5 +101,5 @@ class Runway(HttpProvider):
     def cancel(self, job_id: str) -> None:
         self.request("cancel", "DELETE", f"/v1/tasks/{quote(job_id, safe='')}")
 
-    def find(self, model: str, input: dict[str, Any], key: str, since: datetime) -> Lookup:
-        return Lookup(outcome="unsupported")
+    def find(self, model: str, input: dict[str, Any], since: datetime) -> Lookup:
+        return Lookup(supported=False, why="Runway documents no task listing")

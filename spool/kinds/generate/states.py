@@ -1,4 +1,4 @@
-"""The six durable states of a generation attempt, and what to do after a crash.
+"""The durable states of a generation attempt, each move a compare-and-set.
 
 A generation attempt (SPEC section 8) moves forward only::
 
@@ -8,13 +8,17 @@ A generation attempt (SPEC section 8) moves forward only::
 Everything lives in ``attempts/<job>/<n>/gen/`` and is legible with ``ls``::
 
     1-submitted.json      the intent: idempotency key, provider, model, input hash, deadline
-    2-generating.json     the provider's job ID, made durable right after the create
+    2-generating.json     the provider's job ID (made or adopted or inherited), and how
     3-retrieving.json     the output URL the provider gave
     4-stored.json         sha256 and size of the verified file in the store
     5-indexed.json        the asset index has it
-    6-failed.json         why, and the next action
+    6-failed.json         why, the next action, and whether the paid result is kept
     state.3-retrieving    the marker: exactly one, naming the current state
-    poll.json             poll count, last provider status, next poll time, bytes (a hint)
+    create-1.json         create request 1, durable BEFORE it is sent (the create log)
+    create-1.made.json    ... and its outcome: made (the provider's ID), refused (certainly
+                          nothing made), ambiguous (may have made one), unmade (the provider
+                          proved that an ambiguous one made nothing); no outcome file: unknown
+    progress.json         polls, last status, next eligible step time, queue time (a hint)
     late-completion.json  a provider result that arrived after the attempt was abandoned
 
 Each transition is a compare-and-set that exactly one contender wins, on one
@@ -36,19 +40,17 @@ died between the link and the rename) is recognisable: its ``from_state`` is
 not the current state. It is ignored and removed by the next contender that
 needs its name. A record whose ``from_state`` *is* the current state is a
 decided-but-unfinished transition; :func:`read` reports it as ``pending`` so
-recovery can finish it (that is how a provider job ID written just before a
-crash is never lost). Each record carries forward the fields of the one
-before, so the current state's record holds everything.
+the workflow finishes it first (that is how a provider job ID written just
+before a crash is never lost). Each record carries forward the fields of the
+one before, so the current state's record holds everything.
 
-The ``submitted`` record is the intent: it is durable *before* the create
-request is sent (:func:`begin`), and the provider's ID is durable right after
-it (the transition to ``generating``). :func:`after_crash` decides what a
-resumed attempt does from what the files say: look the job up, adopt it,
-poll it, download it again from the same URL, or fail with "check the
-provider; spool retry submits again" -- never a blind resubmit.
+The create log is how "submit once" survives any crash or power cut: a create
+request's record is durable before the request is sent, so after a restart an
+attempt knows every create it may have sent, and one without an outcome is
+treated as possibly made (looked up, never sent again blindly).
 
-``poll.json`` is rewritten on every poll without fsync: it is a hint for
-scheduling and observing (losing it only means an earlier poll), never
+``progress.json`` is rewritten on every step without fsync: a hint for
+scheduling and observing (losing it only means an earlier look), never
 evidence for a transition.
 """
 
@@ -58,7 +60,6 @@ import hashlib
 import os
 import re
 import threading
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -66,11 +67,9 @@ from typing import Any, Literal
 
 import msgspec
 
-from .errors import SpoolError
-from .faults import crashpoint
-from .model import Record, canonical_json, decode, encode, now
-from .polling import Persisted
-from .tree import VANISHED, fsync_dir, link_no_replace, make_dirs, read_retrying, temp_name, write_atomic
+from ...errors import SpoolError
+from ...model import Record, canonical_json, decode, encode, now
+from ...tree import VANISHED, fsync_dir, link_no_replace, make_dirs, read_retrying, write_atomic
 
 GenState = Literal["submitted", "generating", "retrieving", "stored", "indexed", "failed"]
 #: The states in order; the ordinal prefixes file names so ``ls`` sorts them.
@@ -90,9 +89,6 @@ FINAL_STATES = frozenset({"indexed", "failed"})
 MARKER = "state."
 _RECORD = re.compile(r"^(?P<k>[1-6])-(?P<state>[a-z]+)\.json$")
 _MARKER = re.compile(r"^state\.(?P<k>[1-6])-(?P<state>[a-z]+)$")
-
-#: The next action when a create's fate cannot be told (SPEC section 8).
-CHECK_PROVIDER = "check the provider; spool retry submits again"
 
 
 class Conflict(SpoolError):
@@ -117,7 +113,7 @@ def conflicts() -> int:
 
 
 class Intent(Record, kw_only=True):
-    """What the attempt is about to ask for; durable before the create request."""
+    """What the attempt is about to ask for; durable before any create request."""
 
     #: The idempotency key: ``<job id>/<attempt>`` (unique per attempt, stable across restarts).
     key: str
@@ -130,6 +126,15 @@ class Intent(Record, kw_only=True):
     #: Unix time of the intent, and the attempt's deadline.
     intent_at: float
     deadline_at: float
+    #: The provider's clock minus ours when the intent was made (from its ``Date`` header;
+    #: ``None``: not measured yet): how far a provider timestamp may be from ours.
+    clock_offset: float | None = None
+
+
+#: What a failed attempt leaves of a result the provider reported ready: ``kept`` (the
+#: next attempt downloads it again), ``gone`` (expired for good: the next one generates
+#: again), ``none`` (there was none, or its bytes failed the gate).
+Result = Literal["none", "kept", "gone"]
 
 
 class StateRecord(Record, kw_only=True):
@@ -142,25 +147,84 @@ class StateRecord(Record, kw_only=True):
     by: str
     intent: Intent
     provider_job_id: str | None = None
+    #: How the provider job became this attempt's: ``created``, ``adopted`` (found by a
+    #: lookup after a lost reply) or ``inherited`` (from attempt ``inherited_from``).
+    how: str | None = None
+    inherited_from: int | None = None
     provider_status: str | None = None
     output_url: str | None = None
     sha256: str | None = None
     bytes_retrieved: int = 0
     reason: str | None = None
     next_action: str | None = None
+    #: Only in ``failed``: see :data:`Result`.
+    result: Result = "none"
 
 
-class PollProgress(Record, kw_only=True):
-    """Per-poll bookkeeping (a hint: rewritten on every poll without fsync)."""
+class Progress(Record, kw_only=True):
+    """Per-step bookkeeping (a hint: rewritten on every step without fsync)."""
 
     polls: int = 0
     last_provider_status: str | None = None
-    #: Unix time of the next eligible poll (the scheduler is rebuilt from these).
-    next_poll_at: float | None = None
+    #: Unix time of the next eligible step (the driver's schedule is rebuilt from these).
+    next_at: float | None = None
+    #: Unix time of the provider's last answer about the job (new evidence).
+    evidence_at: float | None = None
+    #: Seconds the provider reported the job in its own queue (Runway ``THROTTLED``).
+    queued_seconds: float = 0.0
+    queued_since: float | None = None
     bytes_retrieved: int = 0
     rate_limited: int = 0
     errors: int = 0
+    #: Consecutive failed tries of the current operation (lookups, downloads, cancels).
+    tries: int = 0
+    finds: int = 0
+    downloads: int = 0
+    #: A fresher output URL than the retrieving record's (signed URLs expire; a refetch renews).
+    output_url: str | None = None
     updated_at: float | None = None
+
+
+CreateOutcome = Literal["made", "refused", "ambiguous", "unmade"]
+
+
+class CreateRequest(Record, kw_only=True):
+    """``create-<k>.json``: create request ``k`` of the attempt, durable before it is sent."""
+
+    k: int
+    key: str
+    sent_at: float
+    #: What was sent, for the operator (``POST /v1/models/acme/video-1/predictions``).
+    request: str
+    by: str
+
+
+class CreateResult(Record, kw_only=True):
+    """``create-<k>.<outcome>.json``: what became of create request ``k``."""
+
+    k: int
+    outcome: CreateOutcome
+    at: float
+    provider_job_id: str | None = None
+    #: The provider error's tag (``rate_limited``, ``timeout``, ...) and HTTP status.
+    code: str | None = None
+    http_status: int | None = None
+    retry_after: float | None = None
+    problem: str | None = None
+    #: A refusal no retry can help (a 4xx other than 429): the attempt fails.
+    final: bool = False
+
+
+@dataclass
+class Create:
+    """One create request of the attempt and its outcome (``None``: unknown, possibly made)."""
+
+    request: CreateRequest
+    outcome: CreateResult | None = None
+
+    @property
+    def k(self) -> int:
+        return self.request.k
 
 
 class LateCompletion(Record, kw_only=True):
@@ -188,9 +252,11 @@ class View:
     pending: dict[str, StateRecord] = field(default_factory=dict)
     #: Records whose transition lost or never completed (``from_state`` is not current).
     orphans: list[str] = field(default_factory=list)
-    poll: PollProgress | None = None
+    progress: Progress | None = None
     #: Every record on disk by state (history, for ``spool show``).
     records: dict[str, StateRecord] = field(default_factory=dict)
+    #: The create log, oldest first.
+    creates: list[Create] = field(default_factory=list)
 
     @property
     def intent(self) -> Intent | None:
@@ -287,8 +353,41 @@ def current_state(gen: Path) -> str | None:
     return "submitted" if record_name("submitted") in names else None
 
 
-def read(gen: Path) -> View:
-    """The attempt's state from its files; pure reading, no repair."""
+_CREATE = re.compile(r"^create-(?P<k>[0-9]+)\.json$")
+_CREATE_OUT = re.compile(r"^create-(?P<k>[0-9]+)\.(?P<outcome>made|refused|ambiguous|unmade)\.json$")
+#: Which outcome of a create request stands when several were recorded (an ambiguous
+#: one later proven unmade; a crash's refusal followed by a found job).
+_PRECEDENCE = {"made": 3, "unmade": 2, "refused": 1, "ambiguous": 0}
+
+
+def _creates(gen: Path, names: list[str]) -> list[Create]:
+    requests: dict[int, CreateRequest] = {}
+    outcomes: dict[int, CreateResult] = {}
+    for n in names:
+        if m := _CREATE.match(n):
+            try:
+                requests[int(m.group("k"))] = decode(read_retrying(gen / n), CreateRequest)
+            except (FileNotFoundError, msgspec.DecodeError, msgspec.ValidationError):
+                continue  # written whole before it is visible; junk is not a request
+        elif m := _CREATE_OUT.match(n):
+            try:
+                res = decode(read_retrying(gen / n), CreateResult)
+            except (FileNotFoundError, msgspec.DecodeError, msgspec.ValidationError):
+                continue
+            have = outcomes.get(res.k)
+            if have is None or _PRECEDENCE[res.outcome] > _PRECEDENCE[have.outcome]:
+                outcomes[res.k] = res
+    return [Create(req, outcomes.get(k)) for k, req in sorted(requests.items())]
+
+
+def read(gen: Path, *, full: bool = False) -> View:
+    """The attempt's state from its files; pure reading, no repair.
+
+    Reads the current state's record, any decided-but-unfinished transition out of
+    it, the progress hint and (while a create may still be sent or looked up) the
+    create log; ``full`` also reads the history (every record and the create log)
+    for ``spool show``.
+    """
     try:
         names = os.listdir(gen)
     except FileNotFoundError:
@@ -297,33 +396,38 @@ def read(gen: Path) -> View:
         ((int(m.group("k")), m.group("state"), n) for n in names if (m := _MARKER.match(n))),
         reverse=True,
     )
-    records: dict[str, StateRecord] = {}
-    for n in names:
-        m = _RECORD.match(n)
-        if m and m.group("state") in ORDINAL:
-            rec = _load(gen / n)
-            if rec is not None:
-                records[rec.state] = rec
-    poll = None
-    try:
-        poll = decode(read_retrying(gen / "poll.json"), PollProgress)
-    except (FileNotFoundError, msgspec.DecodeError, msgspec.ValidationError):
-        pass
+    present = {m.group("state"): n for n in names if (m := _RECORD.match(n)) and m.group("state") in ORDINAL}
+    progress = None
+    if "progress.json" in names:
+        try:
+            progress = decode(read_retrying(gen / "progress.json"), Progress)
+        except (FileNotFoundError, msgspec.DecodeError, msgspec.ValidationError):
+            pass
     if markers:
         # More than one marker only if a begin was rolled forward late; the highest is current.
         _, state, marker = markers[0]
-    elif "submitted" in records:
+    elif "submitted" in present:
         state, marker = "submitted", None  # a crash between the intent record and its marker
     else:
-        return View(dir=gen, state=None, record=None, marker=None, poll=poll, records=records)
+        creates = _creates(gen, names)
+        return View(dir=gen, state=None, record=None, marker=None, progress=progress, creates=creates)
     current: GenState = state  # type: ignore[assignment]
+    wanted = set(present) if full else ({current} | NEXT[current]) & set(present)
+    records: dict[str, StateRecord] = {}
+    for st in wanted:
+        rec = _load(gen / present[st])
+        if rec is not None:
+            records[rec.state] = rec
     _note(gen, current)
     pending = {s: r for s, r in records.items() if r.from_state == current and s in NEXT[current]}
-    orphans = [
-        record_name(s)
-        for s, r in records.items()
-        if s != current and s not in pending and not _on_path(records, current, s)
-    ]
+    orphans = []
+    if full:
+        orphans = [
+            record_name(s)
+            for s, r in records.items()
+            if s != current and s not in pending and not _on_path(records, current, s)
+        ]
+    creates = _creates(gen, names) if full or current == "submitted" else []
     return View(
         dir=gen,
         state=current,
@@ -331,8 +435,9 @@ def read(gen: Path) -> View:
         marker=marker,
         pending=pending,
         orphans=orphans,
-        poll=poll,
+        progress=progress,
         records=records,
+        creates=creates,
     )
 
 
@@ -352,24 +457,6 @@ def _on_path(records: dict[str, StateRecord], current: str, state: str) -> bool:
 # -- writing --------------------------------------------------------------------------
 
 
-def _write_temp(gen: Path, name: str, data: bytes) -> Path:
-    tmp = gen / temp_name(name)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return tmp
-
-
-def _link(src: Path, dst: Path) -> None:
-    """``os.link`` that fails with ``FileExistsError`` when ``dst`` exists (tree's fallback included)."""
-    link_no_replace(src, dst)
-
-
 def _unlink(path: Path) -> None:
     try:
         os.unlink(path)
@@ -378,24 +465,21 @@ def _unlink(path: Path) -> None:
 
 
 def begin(gen: Path, intent: Intent, by: str) -> StateRecord:
-    """Make the intent durable (state ``submitted``) BEFORE the create request.
+    """Make the intent durable (state ``submitted``) BEFORE any create request.
 
     Exclusive: a second ``begin`` of the same attempt raises :class:`Conflict`.
     """
     make_dirs(gen)
     rec = StateRecord(state="submitted", at=now(), by=by, intent=intent)
-    tmp = _write_temp(gen, record_name("submitted"), encode(rec))
     try:
-        try:
-            _link(tmp, gen / record_name("submitted"))
-        except FileExistsError:
-            raise Conflict(f"{gen}: this attempt was already submitted (1-submitted.json exists)") from None
-        try:
-            _link(tmp, gen / marker_name("submitted"))
-        except FileExistsError:
-            pass
-    finally:
-        _unlink(tmp)
+        # The folder's fsync follows the marker's link, below: one for both names.
+        write_atomic(gen / record_name("submitted"), encode(rec), replace=False, folder_later=True)
+    except FileExistsError:
+        raise Conflict(f"{gen}: this attempt was already submitted (1-submitted.json exists)") from None
+    try:
+        link_no_replace(gen / record_name("submitted"), gen / marker_name("submitted"))
+    except FileExistsError:
+        pass
     fsync_dir(gen)
     _note(gen, "submitted")
     return rec
@@ -409,7 +493,7 @@ def _ensure_marker(gen: Path, view: View) -> str:
         raise Conflict(f"{gen}: the attempt has no state to move from")
     name = marker_name("submitted")
     try:
-        _link(gen / record_name("submitted"), gen / name)
+        link_no_replace(gen / record_name("submitted"), gen / name)
     except FileExistsError:
         return name
     except FileNotFoundError:
@@ -444,22 +528,19 @@ def transition(
     base.update(state=to, from_state=cur, at=now(), by=by)
     rec = msgspec.convert(base, StateRecord, from_attributes=True)
     name = record_name(to)
-    tmp = _write_temp(gen, name, encode(rec))
+    data = encode(rec)
     try:
+        write_atomic(gen / name, data, replace=False, folder_later=True)
+    except FileExistsError:
+        other = _load(gen / name)
+        if other is not None and other.from_state == cur:
+            raise Conflict(f"{gen}: another contender is moving this attempt to {to}") from None
+        # An orphan of a transition that lost or never completed: its name is free to take.
+        _unlink(gen / name)
         try:
-            _link(tmp, gen / name)
+            write_atomic(gen / name, data, replace=False, folder_later=True)
         except FileExistsError:
-            other = _load(gen / name)
-            if other is not None and other.from_state == cur:
-                raise Conflict(f"{gen}: another contender is moving this attempt to {to}") from None
-            # An orphan of a transition that lost or never completed: its name is free to take.
-            _unlink(gen / name)
-            try:
-                _link(tmp, gen / name)
-            except FileExistsError:
-                raise Conflict(f"{gen}: another contender is moving this attempt to {to}") from None
-    finally:
-        _unlink(tmp)
+            raise Conflict(f"{gen}: another contender is moving this attempt to {to}") from None
     try:
         src = _ensure_marker(gen, view)
         os.rename(gen / src, gen / marker_name(to))
@@ -499,9 +580,27 @@ def finish_pending(gen: Path, view: View) -> StateRecord | None:
     return view.pending[target]
 
 
-def save_poll(gen: Path, progress: PollProgress) -> None:
-    """Rewrite ``poll.json`` (not fsynced: a hint; see the module docstring)."""
-    write_atomic(gen / "poll.json", encode(progress), durable=False)
+def save_progress(gen: Path, progress: Progress) -> None:
+    """Rewrite ``progress.json`` (not fsynced: a hint; see the module docstring)."""
+    write_atomic(gen / "progress.json", encode(progress), durable=False)
+
+
+def log_create(gen: Path, request: CreateRequest) -> None:
+    """Make create request ``k`` durable BEFORE it is sent; :class:`Conflict` if ``k`` was
+    taken (another contender is sending it: the loser sends nothing)."""
+    make_dirs(gen)
+    try:
+        write_atomic(gen / f"create-{request.k}.json", encode(request), replace=False)
+    except FileExistsError:
+        raise Conflict(f"{gen}: create request {request.k} was logged by another contender") from None
+
+
+def log_create_result(gen: Path, result: CreateResult) -> None:
+    """What became of create request ``k`` (durable: the workflow's evidence after a crash)."""
+    try:
+        write_atomic(gen / f"create-{result.k}.{result.outcome}.json", encode(result), replace=False)
+    except FileExistsError:
+        pass  # the same outcome, recorded before a crash: once is enough
 
 
 def record_late(gen: Path, late: LateCompletion) -> bool:
@@ -513,171 +612,6 @@ def record_late(gen: Path, late: LateCompletion) -> bool:
     return True
 
 
-# -- deciding --------------------------------------------------------------------------
-
-Action = Literal[
-    "begin", "find", "adopt", "create", "wait", "poll", "cancel", "download", "index", "done", "fail"
-]
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What a resumed attempt does next, and why (for the journal and ``spool show``)."""
-
-    action: Action
-    reason: str
-    provider_job_id: str | None = None
-    next_action: str | None = None
-
-
-def after_crash(
-    view: View,
-    *,
-    now: float,
-    can_find: bool,
-    lookup: Any = None,
-    settle: float = 30.0,
-) -> Decision:
-    """The next step for an attempt found in ``view`` after a restart or a takeover. Pure.
-
-    ``lookup`` is the :class:`spool.providers.Lookup` of a ``find`` done for this
-    view (``None`` when none was done yet). ``settle``: seconds a provider's
-    listing may lag behind a create; "not found" sooner than that is not yet
-    evidence.
-    """
-    state = view.state
-    rec = view.record
-    if state is None or rec is None:
-        return Decision("begin", "nothing was submitted: the intent record does not exist")
-    if state in FINAL_STATES:
-        return Decision("done", f"the attempt is {state}")
-    expired = now >= rec.intent.deadline_at
-    if view.pending:
-        target = "failed" if "failed" in view.pending else next(iter(view.pending))
-        pend = view.pending[target]
-        return Decision(
-            "adopt" if target == "generating" else ("fail" if target == "failed" else _resume(target)),
-            f"a transition to {target} was decided before the crash; finish it",
-            provider_job_id=pend.provider_job_id,
-            next_action=pend.next_action,
-        )
-    if state == "submitted":
-        if lookup is None:
-            if not can_find:
-                return Decision(
-                    "fail",
-                    "the create request's reply was lost and the provider offers no way to find the job",
-                    next_action=CHECK_PROVIDER,
-                )
-            return Decision("find", "the create request's reply was lost: look the job up first")
-        outcome = getattr(lookup, "outcome", None)
-        if outcome == "found":
-            return Decision("adopt", "the provider has the job this attempt created", lookup.job.id)
-        if outcome == "none":
-            if now - rec.intent.intent_at < settle:
-                return Decision("wait", "not listed yet; the provider's listing may lag a fresh create")
-            if expired:
-                return Decision(
-                    "fail", "the deadline passed before the job was submitted", next_action="spool retry"
-                )
-            return Decision(
-                "create", "the provider's listing since the intent has no such job: submit it now"
-            )
-        why = {
-            "ambiguous": "more than one provider job matches the frozen input",
-            "unsupported": "the provider offers no way to find the job",
-        }.get(str(outcome), "the provider's answer could not tell")
-        return Decision("fail", why, next_action=CHECK_PROVIDER)
-    if state == "generating":
-        if expired:
-            return Decision("cancel", "the attempt's deadline has passed", rec.provider_job_id)
-        return Decision("poll", "keep polling the same provider job (never resubmit)", rec.provider_job_id)
-    return Decision(_resume(state), f"resume {state}", rec.provider_job_id)
-
-
-def _resume(state: str) -> Action:
-    return {"retrieving": "download", "stored": "index", "generating": "poll"}.get(state, "done")  # type: ignore[return-value]
-
-
-def is_abandoned(view: View) -> bool:
-    """Whether a provider result for this attempt may only be recorded, never used."""
-    return view.state == "failed"
-
-
-# -- submit once ------------------------------------------------------------------------
-
-
 def input_hash(input: dict[str, Any]) -> str:
-    """sha256 of the frozen input's canonical JSON (what ``find`` compares against)."""
+    """sha256 of the frozen input's canonical JSON (recorded in the intent)."""
     return hashlib.sha256(canonical_json(input)).hexdigest()
-
-
-def submit(
-    gen: Path,
-    provider: Any,
-    input: dict[str, Any],
-    by: str,
-    *,
-    reserve: Any = None,
-    release: Any = None,
-) -> StateRecord:
-    """Send the create of an attempt that is ``submitted`` and record the provider's ID.
-
-    Order (the "submit once" rule): the intent is already durable (:func:`begin`);
-    ``reserve()`` (the spending guard) is called and may refuse; the create is
-    sent; the provider's ID is made durable by the transition to ``generating``.
-    A :class:`spool.providers.ProviderError` propagates: ``retryable`` ones that
-    certainly never reached the provider (``connect``, ``rate_limited``) give the
-    reservation back via ``release(token)``; an ``ambiguous`` one leaves the
-    attempt ``submitted`` for :func:`after_crash` (find, never resubmit).
-    """
-    view = read(gen)
-    if view.state != "submitted" or view.record is None:
-        raise Conflict(f"{gen}: only a submitted attempt sends its create (it is {view.state})")
-    intent = view.record.intent
-    token = reserve() if reserve is not None else None
-    try:
-        job = provider.create(intent.model, input, key=intent.key)
-    except Exception as exc:
-        if (
-            release is not None
-            and token is not None
-            and getattr(exc, "code", None) in ("connect", "rate_limited")
-        ):
-            release(token)
-        raise
-    crashpoint("after_gen_create")  # the provider made the job; its ID is not durable yet
-    return transition(
-        gen, "generating", by, expect="submitted", provider_job_id=job.id, provider_status=job.raw_status
-    )
-
-
-# -- the poll schedule after a restart ----------------------------------------------------
-
-
-def poll_entry(view: View, now: float) -> Persisted | None:
-    """The scheduler entry of an attempt waiting at its provider, from its files.
-
-    Only ``generating`` attempts are polled. Without a ``poll.json`` (lost with a
-    crash: it is not fsynced) the attempt is due at once; the deadline comes
-    from the intent.
-    """
-    if view.state != "generating" or view.record is None:
-        return None
-    intent = view.record.intent
-    poll = view.poll or PollProgress()
-    return Persisted(
-        key=intent.key,
-        provider=intent.provider,
-        next_poll_at=poll.next_poll_at if poll.next_poll_at is not None else now,
-        polls=poll.polls,
-        deadline=intent.deadline_at,
-    )
-
-
-def poll_entries(gen_dirs: Iterable[Path], now: float) -> Iterator[Persisted]:
-    """:func:`poll_entry` of each attempt (the daemon passes its running jobs' current attempts)."""
-    for gen in gen_dirs:
-        entry = poll_entry(read(gen), now)
-        if entry is not None:
-            yield entry

@@ -25,6 +25,13 @@ the files, so skew between hosts shifts the windows by that skew.
 A reservation whose request certainly never reached the provider (connection
 refused, HTTP 429) may be :func:`release`d; everything else stays counted.
 Files older than two days are removed by the next reservation.
+
+:func:`allowance` is how the daemon keeps a refused job *waiting* instead of
+failing it: before it claims a provider's jobs it asks how many creates the
+windows still allow and when the next one frees up, and claims no more than
+that (in submission order, as the claim order goes). A refusal at
+:func:`reserve` then only happens to a race between hosts; that attempt ends
+without a create and its job waits in ``pending/`` like the others.
 """
 
 from __future__ import annotations
@@ -38,9 +45,9 @@ from pathlib import Path
 
 import msgspec
 
-from .errors import SpoolError
-from .model import encode
-from .tree import HOST, make_dirs, visible_names, write_atomic
+from ...errors import SpoolError
+from ...model import encode
+from ...tree import HOST, make_dirs, visible_names, write_atomic
 
 HOUR = 3600.0
 DAY = 86400.0
@@ -119,10 +126,39 @@ def _refusal(
         retry_at = seen[len(seen) - limit] + window
         when = f"the next is allowed at {datetime.fromtimestamp(retry_at, UTC):%Y-%m-%d %H:%M:%S} UTC"
     reason = (
-        f"[providers.{provider}] spending.{field} = {limit}: {len(seen)} create requests in the last {span} "
-        f"(one file each in {where}); {when}"
+        f"[providers.{provider}] spending.{field} = {limit}: {len(seen)} create "
+        f"request{'' if len(seen) == 1 else 's'} in the last {span} (one file each in {where}); {when}"
     )
     return SpendingRefused(provider, reason, retry_at)
+
+
+class Allowance(msgspec.Struct, kw_only=True):
+    """What the spending windows allow now: ``room`` more create requests; when none,
+    ``frees_at`` (epoch seconds; ``inf`` for a limit of 0) and ``reason``."""
+
+    room: int
+    frees_at: float | None = None
+    reason: str = ""
+
+
+def allowance(root: Path, provider: str, per_hour: int, per_day: int, now: float | None = None) -> Allowance:
+    """How many more create requests the hour and day windows allow (one listing)."""
+    now = time.time() if now is None else now
+    ts = [t for t, _ in times(root, provider) if t <= now + HOUR]
+    room = None
+    tightest: SpendingRefused | None = None
+    for field, limit, window in (("per_hour", per_hour, HOUR), ("per_day", per_day, DAY)):
+        seen = sorted(t for t in ts if now - window < t)
+        left = limit - len(seen)
+        room = left if room is None else min(room, left)
+        if left <= 0:
+            r = _refusal(provider, field, limit, window, seen, folder(root, provider))
+            if tightest is None or r.retry_at > tightest.retry_at:
+                tightest = r
+    room = max(0, room or 0)
+    if room > 0 or tightest is None:
+        return Allowance(room=room)
+    return Allowance(room=0, frees_at=tightest.retry_at, reason=tightest.reason)
 
 
 def reserve(

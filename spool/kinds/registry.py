@@ -1,0 +1,73 @@
+"""The registry of job kinds: ``operation`` -> the :class:`~spool.kinds.base.Kind` that runs it.
+
+Adding a kind is one new module or folder in :mod:`spool.kinds` (its job record,
+a ``Kind`` subclass and ``KIND = ...``), one line in :data:`KINDS` and one
+member of :data:`Job`; nothing else in spool branches on the kind. ``noop`` is
+the smallest example.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from ..errors import InvalidInput
+from ..model import JobBase
+from . import noop, render
+from .base import RENDER_POOL, Kind, Produced
+from .generate import kind as generate
+from .generate.spec import GenerateJob
+from .noop import NoopJob
+from .render import RenderJob
+
+#: Every kind spool runs, by the name submissions use as ``"operation"``.
+KINDS: dict[str, Kind[Any]] = {k.name: k for k in (render.KIND, noop.KIND, generate.KIND)}
+
+#: A job file of any kind: a tagged union on ``"operation"``.
+Job = RenderJob | NoopJob | GenerateJob
+
+_decoder = msgspec.json.Decoder(Job)
+
+__all__ = [
+    "KINDS",
+    "RENDER_POOL",
+    "GenerateJob",
+    "Job",
+    "Kind",
+    "NoopJob",
+    "Produced",
+    "RenderJob",
+    "decode_job",
+    "named",
+    "of",
+    "owner_of_pool",
+]
+
+
+def named(operation: str) -> Kind[Any]:
+    """The kind a submission asks for, or a rejection naming the field."""
+    try:
+        return KINDS[operation]
+    except KeyError:
+        raise InvalidInput(
+            "operation", f"must be one of {', '.join(sorted(KINDS))}, not {operation!r}"
+        ) from None
+
+
+def of(job: JobBase) -> Kind[Any]:
+    """The kind of a frozen job."""
+    return KINDS[job.operation]
+
+
+def owner_of_pool(pool: str) -> Kind[Any]:
+    """The kind whose pool this is: it decides the pool's gate and how its attempts run."""
+    for kind in KINDS.values():
+        if kind.owns_pool(pool):
+            return kind
+    return KINDS["render"]
+
+
+def decode_job(data: bytes) -> Job:
+    """A job file's bytes -> the job of its kind (raises msgspec errors)."""
+    return _decoder.decode(data)
