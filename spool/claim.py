@@ -281,6 +281,13 @@ class PendingIndex:
         """The resource pool the job's attempt will draw from."""
         return self._pool.get(jid, pools.RENDER)
 
+    def pools_waiting(self) -> dict[str, int]:
+        """Pending jobs per pool outside the render pool (what their gates would hold back)."""
+        out: dict[str, int] = {}
+        for pool in self._pool.values():
+            out[pool] = out.get(pool, 0) + 1
+        return out
+
     def estimate(self, jid: str) -> int:
         """Bytes of temporary disk the job's render may need (0 if unknown)."""
         return self._estimate.get(jid, 0)

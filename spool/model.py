@@ -385,6 +385,10 @@ class PoolUse(Record, kw_only=True):
 
     capacity: int
     active: int
+    #: When the pool's gate is closed (a provider's quota, its spending allowance): until
+    #: when (epoch seconds; ``None``: unknown) and why. Its jobs wait in ``pending/``.
+    waiting_until: float | None = None
+    waiting_reason: str | None = None
 
 
 class WorkerRecord(Record, kw_only=True):

@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -481,7 +482,15 @@ def worker_rows(
                 "pid": rec.pid,
                 "active": len(rec.active),
                 "max_active": rec.max_active,
-                "pools": {p: {"active": u.active, "capacity": u.capacity} for p, u in rec.pools.items()},
+                "pools": {
+                    p: {"active": u.active, "capacity": u.capacity}
+                    | (
+                        {"waiting_until": u.waiting_until, "waiting_reason": u.waiting_reason}
+                        if u.waiting_reason
+                        else {}
+                    )
+                    for p, u in rec.pools.items()
+                },
                 "quarantined": rec.quarantined,
                 "jobs": jobs.get(rec.worker, 0),
                 "disk_used": disk.get(rec.worker, 0),
@@ -515,6 +524,10 @@ def _readonly_view(
 
 def _instance(worker: str, host: str) -> str:
     return worker[len(host) + 1 :] if worker.startswith(f"{host}-") else worker
+
+
+def _utc(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def disk_state(tree: Tree) -> dict[str, Any] | None:
@@ -587,6 +600,25 @@ def attention(
                     f"spool recover --worker {w['worker']}",
                 }
             )
+    waits: dict[str, dict[str, Any]] = {}
+    for w in workers:
+        if w["health"] != "alive":
+            continue
+        for pool, use in w["pools"].items():
+            if use.get("waiting_reason"):
+                waits.setdefault(pool, use)
+    for pool, use in sorted(waits.items()):
+        until = use.get("waiting_until")
+        when = f" until {_utc(until)}" if until else ""
+        items.append(
+            {
+                "kind": "waiting",
+                "subject": pool,
+                "problem": f"its jobs wait in pending/{when}: {use['waiting_reason']}",
+                "next_action": "Nothing: they are claimed by themselves when it frees up (oldest first); "
+                "raise the limit in spool.toml if the volume is intended.",
+            }
+        )
     if counts["pending"] + counts["incoming"] and not any(w["health"] == "alive" for w in workers):
         waiting = counts["pending"] + counts["incoming"]
         items.append(

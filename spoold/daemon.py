@@ -46,6 +46,7 @@ from spool.config import Config
 from spool.events import Journal
 from spool.execute import Context, execute
 from spool.faults import crashpoint
+from spool.model import PoolUse
 from spool.pools import Pools, capacities
 from spool.status import count
 from spool.tree import Tree, make_dirs, visible_names
@@ -379,7 +380,7 @@ class Daemon:
                 state="stopping" if self.stopping else ("disk_full" if self.disk_full_since else "running"),
                 temp_disk_reserved=sum(self.reserved.values()),
                 oldest_pending_submitted=self.index.oldest_submitted(),
-                pools=self.pools.usage(),
+                pools=self._pool_usage(),
                 quarantined=self.quarantined,
             )
             self._next_beat = now + self.cfg.daemon.heartbeat_interval
@@ -391,6 +392,15 @@ class Daemon:
         return True
 
     # -- steps -------------------------------------------------------------------------
+    def _pool_usage(self) -> dict[str, PoolUse]:
+        """Each pool's use, and why a closed gate keeps its jobs waiting."""
+        usage = self.pools.usage()
+        for pool, gate in self.gates.items():
+            if pool in usage:
+                usage[pool].waiting_until = gate.until if gate.until != float("inf") else None
+                usage[pool].waiting_reason = gate.reason
+        return usage
+
     def _check_config(self) -> None:
         """Apply a changed spool.toml (checked every loop; SIGHUP forces a re-read).
 
@@ -453,9 +463,10 @@ class Daemon:
         if self.quarantined is not None or self.pools.full():
             return
         claimed: list[tuple[str, str]] = []
+        rooms = self._gates()
         try:
             with groupcommit.together():  # the claims' folder fsyncs, once for all; then they start
-                self._claim_batch(claimed)
+                self._claim_batch(claimed, rooms)
         except BaseException:
             # Claimed but maybe not durable: none starts; recovered by evidence, as at a restart.
             with self._orphans_lock:
@@ -471,21 +482,27 @@ class Daemon:
                 continue
             self.slots[jid] = self.threads.run(f"job-{jid}", partial(self._run_job, jid))
 
-    def _claim_batch(self, claimed: list[tuple[str, str]]) -> None:
-        gates: dict[str, int | None] = {}  # pool -> room its kind's gate leaves (None: no limit)
+    def _gates(self) -> dict[str, int]:
+        """The room each gated pool with pending jobs has now (its kind decides: a provider's
+        quota, its spending allowance); closed gates are kept for the heartbeat."""
+        rooms: dict[str, int] = {}
         self.gates = {}
+        for pool in self.index.pools_waiting():
+            gate = kinds.owner_of_pool(pool).gate(self.ctx, pool, self.pools.holders(pool))
+            if gate.room is not None:
+                rooms[pool] = gate.room
+                if gate.room <= 0:
+                    self.gates[pool] = gate
+        return rooms
+
+    def _claim_batch(self, claimed: list[tuple[str, str]], rooms: dict[str, int]) -> None:
         for jid in self.index.ordered():
             if self.stopping or self.pools.full():
                 break
             pool = self.index.pool(jid)
             if not self.pools.has_room(pool):
                 continue
-            if pool not in gates:
-                gate = kinds.owner_of_pool(pool).gate(self.ctx, pool, self.pools.holders(pool))
-                gates[pool] = gate.room
-                if gate.room == 0:
-                    self.gates[pool] = gate
-            room = gates[pool]
+            room = rooms.get(pool)
             if room is not None and room <= 0:
                 continue  # the pool's gate is closed (a provider's quota or spending): it waits
             need = self.index.estimate(jid)
@@ -508,7 +525,7 @@ class Daemon:
             self.pools.take(jid, pool)
             claimed.append((jid, pool))
             if room is not None:
-                gates[pool] = room - 1
+                rooms[pool] = room - 1
 
     def _look_at_quarantine(self, now: float) -> None:
         """An operator lifts a quarantine by removing its file (spool worker release)."""

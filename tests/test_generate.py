@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,14 +18,13 @@ from typing import Any
 
 import msgspec
 import pytest
-from conftest import TAGS, minimal, run_cli, state_files, wait_for, write_json
+from conftest import minimal, run_cli, state_files, wait_for, write_json
 from provsim import ProviderSim
 
-from spool import accept, claim, config, pools, settings
-from spool.context import Context
+from genhelp import ENV, ENV_NAME, TOKEN, audit, configure, creates, failure, gen_sub, gen_view, provider_table, submit
+
+from spool import config, pools, settings
 from spool.errors import InvalidInput
-from spool.events import Journal
-from spool.execute import execute
 from spool.faults import OTHER_POINTS
 from spool.kinds import KINDS, GenerateJob, decode_job
 from spool.kinds.generate import states as generation
@@ -34,9 +32,6 @@ from spool.model import Failure, Manifest, encode
 from spool.records import read
 from spool.tree import Tree
 
-TOKEN = "r8_GenTestToken_5f2d9c0a7e11b3c4"
-ENV_NAME = "SPOOL_TEST_GEN_TOKEN"
-ENV = {ENV_NAME: TOKEN}
 
 
 @pytest.fixture(scope="module")
@@ -45,59 +40,11 @@ def sim() -> Iterator[ProviderSim]:
         yield s
 
 
-def provider_table(sim: ProviderSim, name: str = "sim", **over: Any) -> str:
-    extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in over.items())
-    return f"""
-[providers.{name}]
-kind = "replicate"
-base_url = "{sim.url}"
-token_env = "{ENV_NAME}"
-request_timeout = 2.0
-in_flight = 4
-deadline = 30
-{extra}
-[providers.{name}.polling]
-first = 0.1
-base = 0.1
-ceiling = 0.3
-floor = 0.05
-"""
-
-
 @pytest.fixture()
 def gtree(tree: Tree, sim: ProviderSim) -> Tree:
     """A spool with the simulator configured as provider ``sim``."""
-    with open(tree.config_file, "a") as f:
-        f.write(provider_table(sim))
+    configure(tree, sim)
     return tree
-
-
-def gen_sub(name: str = "gen-clip", prompt: str = "a mug on a beach", **over: Any) -> dict[str, Any]:
-    sub: dict[str, Any] = {
-        "name": name,
-        "operation": "generate",
-        "generate": {"provider": "sim", "model": "acme/video-1", "input": {"prompt": prompt}},
-        "output": {"expect": {"width": 320, "height": 180}},
-        "tags": dict(TAGS),
-    }
-    sub.update(over)
-    return sub
-
-
-def submit(tree: Tree, sub: dict[str, Any]) -> str:
-    cfg = config.load(tree.config_file)
-    job = accept.accept_bytes(tree, cfg, json.dumps(sub).encode(), "test")
-    return job.job_id
-
-
-def creates(sim: ProviderSim, prompt: str) -> int:
-    """Jobs the simulator made for this prompt (each create request that got through)."""
-    jobs = list(sim.state.jobs.values())
-    return sum(1 for j in jobs if j.input.get("prompt") == prompt and not j.hidden)
-
-
-def gen_view(tree: Tree, jid: str, n: int = 1) -> generation.View:
-    return generation.read(generation.gen_dir(tree.attempt_dir(jid, n)))
 
 
 def gtree_worker(d: Any) -> str:
@@ -105,13 +52,11 @@ def gtree_worker(d: Any) -> str:
     return next(p.name[:-5] for p in d.log.parent.glob("spool/workers/*.json"))
 
 
-def run_in_process(tree: Tree, jid: str, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Claim and run one job on this thread (the kind's own step loop, no daemon)."""
-    monkeypatch.setenv(ENV_NAME, TOKEN)
-    cfg = config.load(tree.config_file)
-    ctx = Context(tree, cfg, "t1", Journal(tree, "t1"), threading.Event())
-    assert claim.claim(tree, "t1", jid)
-    return execute(ctx, jid)
+def drain(tree: Tree, daemons: Any, timeout: float = 90, **env: str) -> Any:
+    """Run a daemon until nothing is left to do; it must exit cleanly."""
+    d = daemons(tree, drain=True, env={**ENV, **env})
+    assert d.wait(timeout=timeout) == 0, d.output()[-3000:]
+    return d
 
 
 # -- acceptance and the seam ----------------------------------------------------------
@@ -148,139 +93,182 @@ def test_crash_points_of_the_generation_path_are_registered():
     )
 
 
-# -- faults, end to end on one thread ------------------------------------------------------
+# -- faults, through a real daemon (the fault table is tests/test_generate_faults.py) -------------
 
 
-def test_rate_limited_polls_are_honoured_and_the_job_completes(gtree, sim, monkeypatch):
+def test_rate_limited_polls_are_honoured_and_the_job_completes(gtree, sim, daemons):
     prompt = "throttled #fault=ratelimit:2:0.2"
     jid = submit(gtree, gen_sub("gen-429", prompt))
-    assert run_in_process(gtree, jid, monkeypatch) == "complete"
+    drain(gtree, daemons)
     view = gen_view(gtree, jid)
-    assert view.state == "indexed" and view.poll is not None and view.poll.rate_limited == 2
+    assert view.state == "indexed" and view.progress is not None and view.progress.rate_limited == 2
     assert creates(sim, prompt) == 1
 
 
-def test_truncated_downloads_are_retried_from_the_same_url_then_fail_located(gtree, sim, monkeypatch):
+def test_truncated_downloads_are_retried_from_the_same_output_and_never_generate_again(gtree, sim, daemons):
     prompt = "cut short #fault=truncate"
     jid = submit(gtree, gen_sub("gen-trunc", prompt))
-    outcome = run_in_process(gtree, jid, monkeypatch)
-    assert outcome in ("retry", "failed")
-    f = read(gtree.attempt_dir(jid, 1) / "failure.json", Failure)
-    assert f.property == "provider.download" and f.actual == "truncated"
-    assert "from the same URL" in f.next_action
-    assert creates(sim, prompt) == 1  # retried downloads, never a new generation
+    drain(gtree, daemons)
+    f = failure(gtree, jid)
+    assert f.property == "provider.download" and f.stage == "retrieve"
+    assert "downloads it again (no new generation)" in f.next_action
+    assert creates(sim, prompt) == 1  # every attempt downloaded the one paid result again
+    n = gtree.attempt_numbers(jid)
+    assert len(n) == 3 and all(gen_view(gtree, jid, k).records["generating"].how == "inherited" for k in n[1:])
     assert not (gtree.attempt_dir(jid, 1) / "work" / "gen-trunc.mp4").exists()
-    assert gen_view(gtree, jid).state == "failed"
+    assert gen_view(gtree, jid).record.result == "kept"
+    assert audit(gtree, sim, jid, prompt).problems == []
 
 
-def test_an_expired_output_url_is_a_located_failure_with_its_next_action(gtree, sim, monkeypatch):
-    prompt = "gone soon #fault=expire:0"
-    jid = submit(gtree, gen_sub("gen-expired", prompt))
-
-    def succeeded_long_ago() -> None:
-        # expire:0 leaves the URL valid for up to a second after success: make the
-        # success a minute old as soon as the simulator has the job, before any poll.
-        jobs = lambda: list(sim.state.jobs.values())  # noqa: E731 - the server thread adds to it
-        job = wait_for(lambda: next((j for j in jobs() if j.input["prompt"] == prompt), None), interval=0.01)
-        job.succeeded_at = job.created - 60
-
-    helper = threading.Thread(target=succeeded_long_ago)
-    helper.start()
-    run_in_process(gtree, jid, monkeypatch)
-    helper.join()
-    f = read(gtree.attempt_dir(jid, 1) / "failure.json", Failure)
-    assert f.property == "provider.download" and "expired" in f.message
-    assert "generates again" in f.next_action
-    view = gen_view(gtree, jid)
-    assert view.state == "failed" and view.record is not None and view.record.output_url
+def test_an_output_the_provider_no_longer_has_is_gone_and_a_retry_says_it_costs(gtree, sim, daemons):
+    prompt = "gone soon #fault=file_401:99"
+    jid = submit(gtree, gen_sub("gen-gone", prompt))
+    d = daemons(gtree, env=ENV)
+    job = wait_for(lambda: next(iter(j for j in list(sim.state.jobs.values()) if j.input["prompt"] == prompt), None))
+    wait_for(lambda: gen_view(gtree, jid).state == "retrieving", timeout=30)
+    job.faults["retention"] = [0.0]  # the provider removes the output: a refetch shows none
+    wait_for(lambda: gtree.job_file("failed", jid).exists(), timeout=60)
+    d.signal(15)
+    assert d.wait(timeout=30) == 0
+    f = failure(gtree, jid)
+    assert f.property == "provider.output" and "is gone" in f.message
+    assert "generates again (and costs)" in f.next_action
+    assert gen_view(gtree, jid).record.result == "gone"
+    refused = run_cli("retry", jid, spool=gtree)
+    assert refused.returncode == 2 and "--yes" in refused.stderr and "may cost" in refused.stderr
+    assert creates(sim, prompt) == 1
 
 
-def test_a_job_the_provider_loses_fails_with_submit_again_as_next_action(gtree, sim, monkeypatch):
-    jid = submit(gtree, gen_sub("gen-lost", "forgotten #fault=lose:1 #fault=work:5"))
-    run_in_process(gtree, jid, monkeypatch)
-    f = read(gtree.attempt_dir(jid, 1) / "failure.json", Failure)
+def test_a_job_the_provider_loses_fails_with_submit_again_as_next_action(gtree, sim, daemons):
+    prompt = "forgotten #fault=lose:1 #fault=work:5"
+    jid = submit(gtree, gen_sub("gen-lost", prompt))
+    drain(gtree, daemons)
+    f = failure(gtree, jid)
     assert f.property == "provider.get" and "submits again" in f.next_action
-    assert gen_view(gtree, jid).state == "failed"
+    assert gen_view(gtree, jid).state == "failed" and creates(sim, prompt) == 1
 
 
-def test_non_video_bytes_never_pass_the_gate(gtree, sim, monkeypatch):
+def test_non_video_bytes_never_pass_the_gate(gtree, sim, daemons):
     jid = submit(gtree, gen_sub("gen-text", "words #fault=not_video"))
-    run_in_process(gtree, jid, monkeypatch)
-    f = read(gtree.attempt_dir(jid, 1) / "failure.json", Failure)
+    drain(gtree, daemons)
+    f = failure(gtree, jid)
     assert f.stage == "validate"
     assert not gtree.manifest_file(jid).exists()
+    assert gen_view(gtree, jid).record.result == "none"  # bad bytes: nothing worth keeping
 
 
-def test_a_duplicate_completion_is_retrieved_once(gtree, sim, monkeypatch):
+def test_a_duplicate_completion_is_retrieved_once(gtree, sim, daemons):
     prompt = "twice #fault=recomplete"
     jid = submit(gtree, gen_sub("gen-twice", prompt))
-    assert run_in_process(gtree, jid, monkeypatch) == "complete"
-    assert creates(sim, prompt) == 1
-    assert sorted(p.name for p in generation.gen_dir(gtree.attempt_dir(jid, 1)).glob("*.json")) == [
+    drain(gtree, daemons)
+    assert gtree.job_file("complete", jid).exists() and creates(sim, prompt) == 1
+    names = sorted(p.name for p in generation.gen_dir(gtree.attempt_dir(jid, 1)).glob("*.json"))
+    assert names == [
         "1-submitted.json", "2-generating.json", "3-retrieving.json", "4-stored.json",
-        "5-indexed.json", "poll.json",
+        "5-indexed.json", "create-1.json", "create-1.made.json", "progress.json",
     ]  # fmt: skip
 
 
-def test_a_rate_limited_create_is_sent_again_and_makes_one_job(gtree, sim, monkeypatch):
+def test_a_rate_limited_create_is_sent_again_and_makes_one_job(gtree, sim, daemons):
     prompt = "queued behind a 429"
     jid = submit(gtree, gen_sub("gen-create-429", prompt))
     sim.control(ratelimit={"count": 1, "retry_after": 0.2})  # the next API request: the create
-    assert run_in_process(gtree, jid, monkeypatch) == "complete"
-    assert creates(sim, prompt) == 1
+    drain(gtree, daemons)
+    assert gtree.job_file("complete", jid).exists() and creates(sim, prompt) == 1
+    assert [c.outcome.outcome for c in gen_view(gtree, jid).creates] == ["refused", "made"]
 
 
-def test_a_create_whose_reply_is_lost_is_found_and_adopted_not_resent(gtree, sim, monkeypatch):
+def test_a_create_whose_reply_is_lost_is_found_and_adopted_not_resent(gtree, sim, daemons):
     prompt = "made but answered 502 #fault=create_5xx_after"
     jid = submit(gtree, gen_sub("gen-ambiguous", prompt))
-    assert run_in_process(gtree, jid, monkeypatch) == "complete"
-    assert creates(sim, prompt) == 1
-    events = (gtree.root / "events" / "t1.jsonl").read_text()
-    assert "create reply lost" in events and "adopted provider job" in events
+    drain(gtree, daemons)
+    assert gtree.job_file("complete", jid).exists() and creates(sim, prompt) == 1
+    events = "".join(p.read_text() for p in (gtree.root / "events").glob("*.jsonl"))
+    assert "reply unknown" in events and "the only candidate" in events
+    assert gen_view(gtree, jid).records["generating"].how == "adopted"
+    assert audit(gtree, sim, jid, prompt).problems == []
 
 
-def test_runway_generates_and_a_lost_create_reply_fails_with_check_the_provider(tree, sim, monkeypatch):
-    with open(tree.config_file, "a") as f:
-        f.write(provider_table(sim, "rw").replace('"replicate"', '"runway"'))
+def test_runway_generates_and_a_lost_create_reply_fails_with_check_the_provider(tree, sim, daemons):
+    configure(tree, sim, "rw", kind="runway")
     spec = {"provider": "rw", "model": "gen4_turbo", "input": {"promptText": "a mug, runway style"}}
     ok = submit(tree, gen_sub("gen-runway", generate=spec))
-    assert run_in_process(tree, ok, monkeypatch) == "complete"
     lost = {**spec, "input": {"promptText": "made, reply lost #fault=create_5xx_after"}}
     bad = submit(tree, gen_sub("gen-runway-lost", generate=lost))
-    assert run_in_process(tree, bad, monkeypatch) == "failed"
-    f = read(tree.attempt_dir(bad, 1) / "failure.json", Failure)
-    assert "check the provider; spool retry submits again" in f.next_action.lower()
+    drain(tree, daemons)
+    assert tree.job_file("complete", ok).exists()
+    f = failure(tree, bad)
+    assert f.message.startswith("ambiguous create: check the provider")
+    assert "no listing" in f.message and "POST /v1/text_to_video" in f.message
+    assert "spool retry --yes" in f.next_action and not f.retryable
     assert gen_view(tree, bad).state == "failed"
 
 
-def test_the_spending_guard_refuses_with_a_located_reason(tree, sim, monkeypatch):
-    with open(tree.config_file, "a") as f:
-        f.write(provider_table(sim) + "\n[providers.sim.spending]\nper_hour = 1\nper_day = 10\n")
+def test_the_spending_guard_keeps_a_job_waiting_with_the_reason_instead_of_failing_it(tree, sim, daemons):
+    configure(tree, sim, **{"spending.per_hour": 1, "spending.per_day": 10})
     first = submit(tree, gen_sub("gen-spend-1", "paid once"))
-    second = submit(tree, gen_sub("gen-spend-2", "paid twice"))
-    assert run_in_process(tree, first, monkeypatch) == "complete"
-    assert run_in_process(tree, second, monkeypatch) == "failed"
-    f = read(tree.attempt_dir(second, 1) / "failure.json", Failure)
-    assert f.property == "providers.sim.spending.per_hour"
-    assert "spending.per_hour = 1" in f.message and "the next is allowed at" in f.message
-    assert creates(sim, "paid twice") == 0
+    second = submit(tree, gen_sub("gen-spend-2", "paid twice", priority=-1))
+    d = daemons(tree, env=ENV)
+    wait_for(lambda: tree.job_file("complete", first).exists(), timeout=60)
+
+    def waiting() -> str:
+        out = run_cli("status", spool=tree, check=True).stdout
+        return out if "spending.per_hour = 1" in out else ""
+
+    out = wait_for(waiting, timeout=30)
+    assert "the next is allowed at" in out
+    assert tree.job_file("pending", second).exists()  # waiting, not failed
+    assert creates(sim, "paid twice") == 0 and tree.attempt_numbers(second) == []
+    d.signal(15)
+    assert d.wait(timeout=30) == 0
 
 
-def test_retrying_a_generation_job_needs_yes_and_says_it_submits_again(gtree, sim, monkeypatch):
+def test_retrying_a_generation_job_needs_yes_and_says_what_it_costs(gtree, sim, daemons):
     prompt = "retry costs #fault=not_video"
     jid = submit(gtree, gen_sub("gen-retry", prompt))
-    assert run_in_process(gtree, jid, monkeypatch) == "failed"
+    drain(gtree, daemons)
+    assert state_files(gtree)["failed"] == [f"{jid}.json"]
     refused = run_cli("retry", jid, spool=gtree)
-    assert refused.returncode == 2 and "--yes" in refused.stderr
+    assert refused.returncode == 2 and f"spool retry --yes {jid}" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
     assert state_files(gtree)["failed"] == [f"{jid}.json"]
     done = run_cli("retry", jid, "--yes", "--json", spool=gtree)
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
-    assert out["submits_again"] is True and out["provider"] == "sim" and out["state"] == "pending"
-    assert "again" in done.stderr and "'sim'" in done.stderr
-    assert run_in_process(gtree, jid, monkeypatch) == "failed"
+    assert out["submits_again"] is True and "'sim'" in out["cost"] and out["state"] == "pending"
+    assert "may cost" in done.stderr
+    drain(gtree, daemons)
     assert creates(sim, prompt) == 2  # the retry was a new create request, as it warned
+
+
+def test_retrying_a_job_whose_paid_result_was_kept_downloads_it_again_without_yes(gtree, sim, daemons):
+    prompt = "download fails for a while #fault=file_401:4"
+    settings.write(gtree.config_file, {"limits": {"max_attempts": 1}})
+    jid = submit(gtree, gen_sub("gen-kept", prompt))
+    drain(gtree, daemons)
+    assert failure(gtree, jid).property == "provider.download"
+    r = run_cli("retry", jid, "--json", spool=gtree)  # no --yes: it costs nothing
+    assert r.returncode == 0, r.stderr
+    assert "submits_again" not in json.loads(r.stdout)
+    drain(gtree, daemons)
+    assert gtree.job_file("complete", jid).exists() and creates(sim, prompt) == 1
+    assert audit(gtree, sim, jid, prompt).problems == []
+
+
+def test_spool_revise_of_a_generation_job_changes_its_prompt(gtree, sim, daemons):
+    jid = submit(gtree, gen_sub("gen-revised", "first idea #fault=not_video"))
+    drain(gtree, daemons)
+    spec = gtree.root.parent / "spec.json"
+    spec.write_text(json.dumps({"input": {"prompt": "second idea"}}))
+    r = run_cli("revise", jid, "--spec", str(spec), "--json", spool=gtree)
+    assert r.returncode == 0, r.stderr
+    new = json.loads(r.stdout)["job_id"]
+    assert new == "gen-revised@2"
+    job = decode_job(gtree.job_file("pending", new).read_bytes())
+    assert isinstance(job, GenerateJob) and job.generate.input == {"prompt": "second idea"}
+    assert job.generate.model == "acme/video-1" and job.supersedes == jid
+    drain(gtree, daemons)
+    assert gtree.job_file("complete", new).exists()
 
 
 def test_retrying_a_render_job_needs_no_yes(tree, assets):
@@ -540,10 +528,14 @@ def test_sighup_reloads_the_providers_allowance_polling_and_spending(tree, sim, 
     tree.config_file.write_text(text[: text.index("[providers.sim]")] + new.lstrip())
     d.signal(signal.SIGHUP)
     wait_for(lambda: "changed providers.sim" in d.output(), timeout=30)
-    # The allowance grew: the other job is claimed; the spending guard, now 1 an hour, refuses it.
+    # The allowance grew, but the spending guard, now 1 an hour, keeps the other job waiting.
     other = jids[1 - prompts.index(waiting.input["prompt"])]
-    f = wait_for(lambda: read(tree.attempt_dir(other, 1) / "failure.json", Failure), timeout=30)
-    assert f.property == "providers.sim.spending.per_hour"
+
+    def told() -> bool:
+        return "spending.per_hour = 1" in run_cli("status", spool=tree, check=True).stdout
+
+    wait_for(told, timeout=30)
+    assert tree.job_file("pending", other).exists() and tree.attempt_numbers(other) == []
     assert len(created()) == 1
     # The polling policy changed: at most the poll already due under the old one, then none.
     time.sleep(0.5)

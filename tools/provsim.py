@@ -22,32 +22,50 @@ Faults, per job: words ``#fault=<name>[:<arg>]`` in the input's ``prompt``
 (or ``promptText``), or a ``"sim_faults"`` list in the input; for every new
 job: ``POST /_sim/control {"faults": [...]}``. Names:
 
-==================  ===========================================================
-``create_5xx``      the create answers 503 and makes nothing
-``create_5xx_after`` the create makes the job, then answers 502 (ambiguous)
-``create_timeout:S`` the create makes the job, then stalls S seconds (ambiguous)
-``get_5xx:N``       the first N polls answer 500
-``ratelimit:N:S``   the first N polls answer 429 with ``Retry-After: S``
-``slow:S``          every poll of the job takes S seconds
-``work:S``          the job takes S seconds to finish (default: server's ``work``)
-``never``           the job never finishes
-``fail``            the job fails with an error message
-``truncate``        downloads send half the body, then close the connection
-``bad_checksum``    downloads state a Content-Digest of other bytes
-``not_video``       the output is text, not an MP4
-``duplicate``       the create makes a second, identical job (listing finds two)
-``recomplete``      a finished job reports completion again on every poll, with a new output URL
-``late:S``          a cancelled job still succeeds S seconds later
-``expire:S``        output URLs expire S seconds after success
-``gzip``            downloads come gzip-encoded (with a ``Repr-Digest`` of the video)
-``lose:N``          after N polls the provider forgets the job (404)
-==================  ===========================================================
+======================  ===========================================================
+``create_5xx``          the create answers 503 and makes nothing
+``create_5xx_after``    the create makes the job, then answers 502 (ambiguous)
+``create_timeout:S``    the create makes the job, then stalls S seconds (ambiguous)
+``retention:S``         the job is shown without its input and output once it is S
+                        seconds old, as Replicate's retention does (``retention:0``: from
+                        the start)
+``get_5xx:N``           the first N polls answer 500
+``ratelimit:N:S``       the first N polls answer 429 with ``Retry-After: S``
+``slow:S``              every poll of the job takes S seconds
+``work:S``              the job takes S seconds to finish (default: server's ``work``)
+``never``               the job never finishes
+``weird_status``        the job reports a status the API does not document (``queued``,
+                        ``QUEUED``) until it finishes
+``throttled:S``         Runway: the task is ``THROTTLED`` for S seconds before it starts
+                        (its work time counts from then)
+``fail``                the job fails with an error message
+``output_object``       the output is ``{"video": url}`` (Replicate models may return any JSON)
+``output_empty``        the output is ``[]``
+``truncate``            downloads send half the body, then close the connection
+``trickle:B:S``         downloads send B bytes every S seconds
+``file_401:N``          the first N downloads answer 401
+``bad_checksum``        downloads state a Content-Digest of other bytes
+``not_video``           the output is text, not an MP4
+``duplicate``           the create makes a second, identical job (listing finds two)
+``recomplete``          a finished job reports completion again on every poll, with a new output URL
+``late:S``              a cancelled job still succeeds S seconds later
+``expire:S``            output URLs expire S seconds after they are handed out (Replicate: after
+                        success, the same URL every time; Runway: each GET signs a fresh one)
+``gzip``                downloads come gzip-encoded (with a ``Repr-Digest`` of the video)
+``lose:N``              after N polls the provider forgets the job (404)
+======================  ===========================================================
 
 Provider-wide: ``POST /_sim/control`` with ``{"ratelimit": {"count": N,
-"retry_after": S}}`` (the next N API requests answer 429) or ``{"down": N}``
-(the next N answer 503); ``GET /_sim/stats`` counts requests by operation
-(``create`` counts every create request received, faulted or not);
-``POST /_sim/reset`` forgets everything.
+"retry_after": S}}`` (the next N API requests answer 429), ``{"down": N}``
+(the next N answer 503), ``{"create_429": {"count": N, "retry_after": S,
+"ms": false}}`` (the next N creates answer 429: Runway's daily quota; ``ms``
+states it as ``retry-after-ms``), ``{"list_fail": N}`` (the next N listings
+answer 500; -1: all of them); ``GET /_sim/stats`` counts requests by operation
+(``create`` counts every create request received, faulted or not;
+``deleted_succeeded`` counts DELETEs of finished Runway tasks: a lost paid
+result); ``POST /_sim/reset`` forgets everything. Every create request is also
+logged with its time and input (:attr:`SimState.create_log`), so a test can
+tell which attempt sent it.
 
 Run standalone: ``python tools/provsim.py --port 8471 --token simtoken-123``;
 in-process: ``with ProviderSim(token=...) as sim: sim.url``.
@@ -110,30 +128,40 @@ class SimJob:
     canceled_at: float | None = None
     succeeded_at: float | None = None
     hidden: bool = False  # a duplicate nobody was told about
+    deleted: bool = False  # Runway: DELETE of a finished task removes it
+    downloads: int = 0
 
     def arg(self, name: str, i: int = 0, default: float = 0.0) -> float:
         args = self.faults.get(name, [])
         return args[i] if len(args) > i else default
 
+    def started(self) -> float:
+        """When the job's work began (after a Runway THROTTLED spell)."""
+        return self.created + self.arg("throttled", 0, 0.0) if "throttled" in self.faults else self.created
+
     def status(self, now: float) -> str:
-        """Normalised status now: queued, running, succeeded, failed, canceled."""
+        """Normalised status now: throttled, queued, running, succeeded, failed, canceled."""
         if self.canceled_at is not None:
             late = self.faults.get("late")
             if late is not None and now >= self.canceled_at + self.arg("late", 0, 1.0):
                 self.succeeded_at = self.succeeded_at or now
                 return "succeeded"
             return "canceled"
+        if "throttled" in self.faults and now < self.started():
+            return "throttled"
+        began = self.started()
         if "never" in self.faults:
-            return "running" if now - self.created > 0.05 else "queued"
-        if now - self.created >= self.work:
+            return "running" if now - began > 0.05 else "queued"
+        if now - began >= self.work:
             if "fail" in self.faults:
                 return "failed"
             self.succeeded_at = self.succeeded_at or now
             return "succeeded"
-        return "running" if now - self.created > min(0.05, self.work / 2) else "queued"
+        return "running" if now - began > min(0.05, self.work / 2) else "queued"
 
 
 _REPLICATE = {
+    "throttled": "starting",
     "queued": "starting",
     "running": "processing",
     "succeeded": "succeeded",
@@ -141,6 +169,7 @@ _REPLICATE = {
     "canceled": "canceled",
 }
 _RUNWAY = {
+    "throttled": "THROTTLED",
     "queued": "PENDING",
     "running": "RUNNING",
     "succeeded": "SUCCEEDED",
@@ -162,6 +191,12 @@ class SimState:
     ratelimit: int = 0
     ratelimit_after: float = 1.0
     down: int = 0
+    create_429: int = 0
+    create_429_after: float = 1.0
+    create_429_ms: bool = False
+    list_fail: int = 0
+    #: (time received, input) of every create request, faulted or not.
+    create_log: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     render_locks: dict[str, threading.Lock] = field(default_factory=dict)
 
@@ -285,23 +320,37 @@ class _Handler(BaseHTTPRequestHandler):
         return job
 
     def _output_url(self, job: SimJob) -> str:
-        exp = int((job.succeeded_at or time.time()) + job.arg("expire", 0, 86400.0) + 0.999)
+        # Replicate: one URL, valid until a while after success; Runway: each GET signs a fresh one.
+        base = time.time() if job.protocol == "runway" else (job.succeeded_at or time.time())
+        exp = int(base + job.arg("expire", 0, 86400.0) + 0.999)
         sig = hmac.new(_SECRET, f"{job.id}:{exp}".encode(), hashlib.sha256).hexdigest()[:16]
         run = f"&run={job.polls}" if "recomplete" in job.faults else ""  # "completed again": a new URL
         return self._url(f"/files/{job.id}.mp4?exp={exp}&sig={sig}{run}")
 
     def _replicate_json(self, job: SimJob) -> dict[str, Any]:
-        status = job.status(time.time())
+        now = time.time()
+        status = job.status(now)
         out: Any = None
         if status == "succeeded":
             url = self._output_url(job)
             out = [url] if job.input.get("num_outputs") else url
+            if "output_object" in job.faults:
+                out = {"video": url, "seed": 42}
+            if "output_empty" in job.faults:
+                out = []
+        raw = _REPLICATE[status]
+        if "weird_status" in job.faults and status in ("queued", "running", "throttled"):
+            raw = "queued"
+        input: Any = job.input
+        if "retention" in job.faults and now - job.created >= job.arg("retention", 0, 0.0):
+            # Removed by retention: the job is still shown, without its input and output.
+            input, out = {}, None
         return {
             "id": job.id,
             "model": job.model,
             "version": job.version or "sim",
-            "input": job.input,
-            "status": _REPLICATE[status],
+            "input": input,
+            "status": raw,
             "output": out,
             # Real models echo their input in errors: a pasted secret must be masked by the client.
             "error": f"the model raised: simulated failure for {job.input.get('prompt')!r}"
@@ -318,15 +367,22 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _runway_json(self, job: SimJob) -> dict[str, Any]:
         status = job.status(time.time())
+        raw = _RUNWAY[status]
+        if "weird_status" in job.faults and status in ("queued", "running"):
+            raw = "QUEUED"
         body: dict[str, Any] = {
             "id": job.id,
-            "status": _RUNWAY[status],
+            "status": raw,
             "createdAt": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(job.created)),
         }
         if status == "running":
             body["progress"] = round(min(0.99, (time.time() - job.created) / max(job.work, 0.01)), 2)
         if status == "succeeded":
             body["output"] = [self._output_url(job)]
+            if "output_object" in job.faults:
+                body["output"] = {"video": self._output_url(job)}
+            if "output_empty" in job.faults:
+                body["output"] = []
         if status == "failed":
             body["failure"] = f"simulated failure for {job.input.get('promptText')!r}"
             body["failureCode"] = "INTERNAL.BAD_OUTPUT.CODE01"
@@ -340,7 +396,7 @@ class _Handler(BaseHTTPRequestHandler):
             st.counts["get"] += 1
             if job is not None:
                 job.polls += 1
-        if job is None or ("lose" in job.faults and job.polls > job.arg("lose", 0, 1)):
+        if job is None or job.deleted or ("lose" in job.faults and job.polls > job.arg("lose", 0, 1)):
             self._send(404, {"detail": "Not found."})
             return None
         if "slow" in job.faults:
@@ -357,6 +413,18 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _create_faults(self, job_faults: dict[str, list[float]]) -> bool:
         """Faults that strike before a job exists; False when an answer was sent."""
+        st = self.st
+        with st.lock:
+            quota = st.create_429 != 0
+            if st.create_429 > 0:
+                st.create_429 -= 1
+            after, in_ms = st.create_429_after, st.create_429_ms
+        if quota:
+            with st.lock:
+                st.counts["429"] += 1
+            header = {"retry-after-ms": f"{after * 1000:g}"} if in_ms else {"Retry-After": f"{after:g}"}
+            self._send(429, {"error": "You have exceeded your daily task limit."}, header)
+            return False
         if "create_5xx" in job_faults:
             self._send(503, {"detail": "Service Unavailable"})
             return False
@@ -417,14 +485,18 @@ class _Handler(BaseHTTPRequestHandler):
                 st.order.clear()
                 st.counts.clear()
                 st.faults_for_new.clear()
-                st.ratelimit = st.down = 0
+                st.create_log.clear()
+                st.ratelimit = st.down = st.create_429 = st.list_fail = 0
             self._send(200, {"ok": True})
             return
         m = re.fullmatch(r"/v1/models/([^/]+)/([^/]+)/predictions", path)
+        m = m or re.fullmatch(r"/v1/deployments/([^/]+)/([^/]+)/predictions", path)
         if m or path == "/v1/predictions":
             body = self._body()
             with st.lock:
                 st.counts["create"] += 1
+                inp = body.get("input") if isinstance(body, dict) else None
+                st.create_log.append((time.time(), inp if isinstance(inp, dict) else {}))
             if not self._gate("replicate"):
                 return
             if not isinstance(body, dict) or not isinstance(body.get("input"), dict):
@@ -450,6 +522,8 @@ class _Handler(BaseHTTPRequestHandler):
             body = self._body()
             with st.lock:
                 st.counts["create"] += 1
+                inp = {k: v for k, v in body.items() if k != "model"} if isinstance(body, dict) else {}
+                st.create_log.append((time.time(), inp))
             if not self._gate("runway"):
                 return
             if not isinstance(body, dict) or not body.get("model"):
@@ -473,6 +547,18 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if not self._gate("runway"):
             return
+        st = self.st
+        with st.lock:
+            job = st.jobs.get(m.group(1))
+            done = job is not None and not job.deleted and job.status(time.time()) in ("succeeded", "failed")
+            if done and job is not None:
+                # Runway: DELETE of a finished task deletes it (no refund); it is gone for good.
+                job.deleted = True
+                st.counts["deleted"] += 1
+                st.counts["deleted_succeeded"] += job.status(time.time()) == "succeeded"
+        if done:
+            self._send(204)
+            return
         self._cancel(m.group(1), lambda j: self._send(204))
 
     def _cancel(self, job_id: str, answer: Any) -> None:
@@ -495,7 +581,13 @@ class _Handler(BaseHTTPRequestHandler):
         st = self.st
         with st.lock:
             st.counts["list"] += 1
+            failing = st.list_fail != 0
+            if st.list_fail > 0:
+                st.list_fail -= 1
             ids = [i for i in reversed(st.order) if st.jobs[i].protocol == "replicate"]
+        if failing:
+            self._send(500, {"detail": "Internal server error"})
+            return
         start = int((query.get("cursor") or ["0"])[0] or 0)
         page = ids[start : start + st.page_size]
         nxt = start + st.page_size
@@ -520,6 +612,7 @@ class _Handler(BaseHTTPRequestHandler):
                 st.down = int(body["down"])
             if "work" in body:
                 st.work = float(body["work"])
+            _control_more(st, body)
         self._send(200, {"ok": True})
 
     def _file(self, path: str, query: dict[str, list[str]]) -> None:
@@ -530,8 +623,14 @@ class _Handler(BaseHTTPRequestHandler):
             st.counts["download"] += 1
         exp = (query.get("exp") or ["0"])[0]
         sig = (query.get("sig") or [""])[0]
-        if job is None or not exp.isdigit():
+        if job is None or job.deleted or not exp.isdigit():
             self._send(404, {"detail": "Not found."})
+            return
+        with st.lock:
+            job.downloads += 1
+            tries = job.downloads
+        if tries <= job.arg("file_401", 0, 0.0):
+            self._send(401, {"detail": "Unauthorized"})
             return
         good = hmac.new(_SECRET, f"{job.id}:{exp}".encode(), hashlib.sha256).hexdigest()[:16]
         if not hmac.compare_digest(good, sig) or time.time() > int(exp):
@@ -561,6 +660,19 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             self.close_connection = True
             return
+        if "trickle" in job.faults:
+            step, pause = int(job.arg("trickle", 0, 64)), job.arg("trickle", 1, 3.0)
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            try:
+                for i in range(0, len(data), max(1, step)):
+                    self.wfile.write(data[i : i + step])
+                    self.wfile.flush()
+                    time.sleep(pause)
+            except OSError:
+                pass  # the client gave up on the trickle: expected
+            return
         self.end_headers()
         self.wfile.write(data)
 
@@ -582,6 +694,16 @@ class _Handler(BaseHTTPRequestHandler):
                 with st.lock:
                     st.counts["rendered"] += 1
         return dest.read_bytes()
+
+
+def _control_more(st: SimState, body: dict[str, Any]) -> None:
+    """The provider-wide faults added with the trust work (caller holds the lock)."""
+    if "create_429" in body:
+        st.create_429 = int(body["create_429"].get("count", 1))
+        st.create_429_after = float(body["create_429"].get("retry_after", 1.0))
+        st.create_429_ms = bool(body["create_429"].get("ms", False))
+    if "list_fail" in body:
+        st.list_fail = int(body["list_fail"])
 
 
 class _Server(ThreadingHTTPServer):
@@ -631,9 +753,18 @@ class ProviderSim:
                 st.down = int(body["down"])
             if "work" in body:
                 st.work = float(body["work"])
+            _control_more(st, body)
 
     def job(self, job_id: str) -> SimJob:
         return self.state.jobs[job_id]
+
+    def output_sha256(self, job_id: str) -> str | None:
+        """The sha256 of the output the simulator made for ``job_id`` (``None``: not made yet)."""
+        path = self.state.files / f"{job_id}.mp4"
+        try:
+            return hashlib.sha256(path.read_bytes()).hexdigest()
+        except FileNotFoundError:
+            return None
 
     def start(self) -> ProviderSim:
         self._thread = threading.Thread(target=self.server.serve_forever, name="provsim", daemon=True)

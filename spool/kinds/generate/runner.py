@@ -102,8 +102,10 @@ class Runner:
         self._admitted: dict[str, set[str]] = {}
         #: audit key -> (looks left, look until)
         self._audits: dict[str, tuple[int, float]] = {}
-        #: provider -> (when counted, allowance)
-        self._allowance: dict[str, tuple[float, spending.Allowance]] = {}
+        #: provider -> (when counted, allowance, reservations made by then)
+        self._allowance: dict[str, tuple[float, spending.Allowance, int]] = {}
+        #: provider -> reservations this process made (the gate subtracts those since its count)
+        self._reserves: Counter[str] = Counter()
         #: job ID -> seconds its download took (the publish path's "render seconds")
         self._took: dict[str, float] = {}
 
@@ -396,6 +398,8 @@ class Runner:
         except spending.SpendingRefused as r:
             # Another host took the allowance first: nothing was sent; wait like the queue does.
             raise Deferred(min(r.retry_at, time.time() + DEFER_MAX), r.reason) from None
+        with self._lock:
+            self._reserves[policy.provider] += 1
         what = client.describe_create(job.generate.model, job.generate.input)
         req = CreateRequest(k=eff.k, key=key, sent_at=time.time(), request=what, by=ctx.worker)
         try:
@@ -843,15 +847,18 @@ class Runner:
             admitted = self._admitted.setdefault(provider, set())
             admitted &= held  # jobs this daemon no longer holds are not waiting to send
             waiting = len(held - admitted)
-        if cached is None or t - cached[0] > GATE_CACHE:
+            reserves = self._reserves[provider]
+        limits = (table.spending.per_hour, table.spending.per_day)
+        if cached is None or t - cached[0] > GATE_CACHE or cached[1].limits != limits:
             a = spending.allowance(
                 ctx.tree.root, provider, table.spending.per_hour, table.spending.per_day, t
             )
             with self._lock:
-                self._allowance[provider] = (t, a)
+                self._allowance[provider] = (t, a, reserves)
+            since = 0
         else:
-            a = cached[1]
-        room = a.room - waiting
+            a, since = cached[1], reserves - cached[2]
+        room = a.room - since - waiting
         if room > 0:
             return Gate(room=room)
         if a.room > 0:

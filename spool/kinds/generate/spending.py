@@ -139,6 +139,8 @@ class Allowance(msgspec.Struct, kw_only=True):
     room: int
     frees_at: float | None = None
     reason: str = ""
+    #: The (per_hour, per_day) limits it was counted against.
+    limits: tuple[int, int] = (0, 0)
 
 
 def allowance(root: Path, provider: str, per_hour: int, per_day: int, now: float | None = None) -> Allowance:
@@ -157,8 +159,8 @@ def allowance(root: Path, provider: str, per_hour: int, per_day: int, now: float
                 tightest = r
     room = max(0, room or 0)
     if room > 0 or tightest is None:
-        return Allowance(room=room)
-    return Allowance(room=0, frees_at=tightest.retry_at, reason=tightest.reason)
+        return Allowance(room=room, limits=(per_hour, per_day))
+    return Allowance(room=0, frees_at=tightest.retry_at, reason=tightest.reason, limits=(per_hour, per_day))
 
 
 def reserve(

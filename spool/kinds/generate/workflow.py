@@ -425,25 +425,26 @@ def _judge(f: Facts, last: Create, ev: Found) -> Step:
     ours = [m.id for m in look.matches if ev.owners.get(m.id) == "self"]
     if ours:  # entered in the ledger by this attempt before a crash: it is ours
         return Step(Adopt(ours[0], "adopted"), f"provider job {ours[0]} is in the ledger for this attempt")
+
+    def since_intent(job: RemoteJob) -> bool:
+        made = _epoch(job.created_at)
+        return made is not None and made - offset >= earliest
+
     candidates, elsewhere, older = [], [], []
     for m in look.matches:
-        made = _epoch(m.created_at)
         if ev.owners.get(m.id):
             elsewhere.append(f"{m.id} ({ev.owners[m.id]})")
-        elif made is None or made - offset < earliest:
+        elif not since_intent(m):
             older.append(m.id)
         else:
             candidates.append(m.id)
     if not look.covered:
-        return Step(
-            _ambiguous(f, last, look.why or "the listing did not reach back to the intent", candidates), ""
-        )
-    if look.unknown:
-        shown = ", ".join(look.unknown[:5]) + (" ..." if len(look.unknown) > 5 else "")
-        why = (
-            f"the listing does not show the input of {len(look.unknown)} job(s) made since the intent: "
-            + shown
-        )
+        why = look.why or "the listing did not reach back to the intent"
+        return Step(_ambiguous(f, last, why, candidates), "")
+    unknown = [u.id for u in look.unknown if since_intent(u)]
+    if unknown:
+        shown = ", ".join(unknown[:5]) + (" ..." if len(unknown) > 5 else "")
+        why = f"the listing does not show the input of {len(unknown)} job(s) made since the intent: {shown}"
         return Step(_ambiguous(f, last, why, candidates), "")
     if len(candidates) == 1:
         return Step(Adopt(candidates[0], "adopted"), f"provider job {candidates[0]} is the only candidate")
@@ -516,23 +517,28 @@ def _retrieving(f: Facts) -> Step:
     tries = prog.downloads if prog else 0
     if isinstance(ev, Downloaded):
         return Step(Publish(), f"{ev.size} bytes downloaded and hashed")
+    dl = f.policy.retries["download"]
     if isinstance(ev, Refreshed):
         if ev.job is None or not ev.job.outputs:
+            # Provably gone: the provider no longer has the job, or its output was removed.
             return Step(_gone(f, pid, ev.problem or "the provider's job has no output any more"), "")
         fresh = ev.job.outputs[0]
-        if fresh == url:
-            return Step(_gone(f, pid, "the provider gives the same expired URL again"), "")
-        return Step(Retrieve(fresh), "a fresh output URL from the provider")
+        if fresh != url:
+            return Step(Retrieve(fresh), "a fresh output URL from the provider")
+        # The same URL: not proof it is gone (a 401 may pass); try it again after a backoff.
+        at = f.now + dl.wait(tries, f.rng)
+        if at >= ends:
+            return Step(_kept(f, "provider.download", "the output URL is refused; no time is left"), "")
+        return Step(Wait(at, "the output URL was refused; the provider gives the same one"), "")
     if isinstance(ev, DownloadFailed):
-        if ev.code == "expired":
-            return Step(Refresh(pid), f"the output URL has expired ({ev.problem})")
         if ev.code == "disk_full":
             return Step(_kept(f, "disk_space", f"the disk filled up during the download ({ev.problem})"), "")
-        dl = f.policy.retries["download"]
-        if not ev.retryable or ev.code in dl.final:
-            return Step(_kept(f, "provider.download", ev.problem, retryable=ev.code != "too_large"), "")
         if dl.exhausted(tries):
             return Step(_kept(f, "provider.download", f"{ev.problem} ({tries} tries)"), "")
+        if ev.code == "expired":
+            return Step(Refresh(pid), f"the output URL was refused ({ev.problem}): fetch the job again")
+        if not ev.retryable or ev.code in dl.final:
+            return Step(_kept(f, "provider.download", ev.problem, retryable=ev.code != "too_large"), "")
         at = f.now + dl.wait(tries, f.rng, ev.retry_after, f.policy.retry_after_max)
         if at >= ends:
             return Step(_kept(f, "provider.download", f"{ev.problem}; no time is left for another try"), "")
@@ -560,14 +566,14 @@ def _ambiguous(f: Facts, last: Create | None, why: str, candidates: list[str] | 
         window = f"since {_when(v.record.intent.intent_at)}"
         request = "the create requests"
     else:
-        window = f"{_when(last.request.sent_at)} to {_when(f.now)}"
+        window = f"between {_when(last.request.sent_at)} and {_when(f.now)}"
         request = f"create request {last.k} ({last.request.request}, key {last.request.key})"
     named = f"; candidates: {', '.join(candidates)}" if candidates else ""
     auto = f.policy.auto_retry_ambiguous
     return Fail(
         stage="submit",
         property="provider.create",
-        message=f"ambiguous create: check the provider: {request} may have made a job between {window}, "
+        message=f"ambiguous create: check the provider: {request} may have made a job {window}, "
         f"and {why}{named}",
         expected="one provider job for this attempt, or proof of none",
         actual=why,

@@ -98,7 +98,7 @@ class Lookup(msgspec.Struct, kw_only=True):
     """What a provider's listing says about the window since an intent (:meth:`Provider.find`).
 
     ``matches``: jobs of the window whose model and input are the frozen ones;
-    ``unknown``: IDs of jobs in the window whose input the listing no longer shows
+    ``unknown``: jobs in the window whose input the listing no longer shows
     (retention, or another kind of job): they could be the one the create made.
     ``covered``: the listing was read back past the window's start. ``why``: what
     kept it from being covered (or from being read at all: ``supported`` false).
@@ -106,7 +106,7 @@ class Lookup(msgspec.Struct, kw_only=True):
 
     supported: bool = True
     matches: list[RemoteJob] = []
-    unknown: list[str] = []
+    unknown: list[RemoteJob] = []
     covered: bool = False
     searched: int = 0
     pages: int = 0

@@ -149,7 +149,7 @@ class Replicate(HttpProvider):
                     continue
                 job = self.to_job(item, "find")
                 if job.input is None:
-                    found.unknown.append(job.id)
+                    found.unknown.append(job)
                     continue
                 if job.input != input:
                     continue
