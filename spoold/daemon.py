@@ -575,10 +575,14 @@ class Daemon:
             self.wake.set()
 
     def _driven_done(self, jid: str, outcome: str) -> None:
-        """The driver finished a job: reap it like a slot thread's."""
+        """The driver finished a job: reap it like a slot thread's. One whose ending could
+        not be recorded (a full disk, a NAS hiccup) is still ours in running/: recover it
+        by evidence from the loop, with backoff, as a slot thread's."""
         self._note_outcome(jid, outcome)
         with self._orphans_lock:
             self._finished.add(jid)
+            if outcome == "error":
+                self.orphans[jid] = (time.monotonic() + 1.0, 1.0)
         self.wake.set()
 
     def _recover_orphans(self) -> None:

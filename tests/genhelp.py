@@ -138,7 +138,9 @@ def audit(tree: Tree, sim: ProviderSim, jid: str, prompt: str, *, grace: float =
         d = tree.attempt_dir(jid, n)
         v = states.read(states.gen_dir(d), full=True)
         intent = v.intent
-        first = min((c.request.sent_at for c in v.creates if "sent by" not in c.request.request), default=None)
+        first = min(
+            (c.request.sent_at for c in v.creates if "sent by" not in c.request.request), default=None
+        )
         ended = None
         fail = read(d / "failure.json", Failure) if (d / "failure.json").exists() else None
         if fail is not None:
@@ -146,12 +148,8 @@ def audit(tree: Tree, sim: ProviderSim, jid: str, prompt: str, *, grace: float =
         elif v.state == "indexed":
             ended = v.records["indexed"].at.timestamp()
         gen = v.records.get("generating")
-        rows.append(
-            AttemptAudit(
-                n, intent.deadline_at if intent else None, first, ended,
-                gen.provider_job_id if gen else None, gen.how if gen else None, gen.inherited_from if gen else None,
-            )
-        )  # fmt: skip
+        pid, how, frm = (gen.provider_job_id, gen.how, gen.inherited_from) if gen else (None, None, None)
+        rows.append(AttemptAudit(n, intent.deadline_at if intent else None, first, ended, pid, how, frm))
     starts = [(r.first_create, r) for r in rows if r.first_create is not None]
     starts.sort(key=lambda x: x[0])
 
@@ -186,7 +184,11 @@ def audit(tree: Tree, sim: ProviderSim, jid: str, prompt: str, *, grace: float =
         late = [t for t in r.requests if r.deadline_at is not None and t > r.deadline_at + 0.5]
         if late:
             problems.append(f"attempt {r.n} sent a create {late[0] - r.deadline_at:.1f} s after its deadline")
-        if r.ended_at is not None and r.deadline_at is not None and r.ended_at > r.deadline_at + grace + SLACK:
+        if (
+            r.ended_at is not None
+            and r.deadline_at is not None
+            and r.ended_at > r.deadline_at + grace + SLACK
+        ):
             problems.append(f"attempt {r.n} ended {r.ended_at - r.deadline_at:.1f} s after its deadline")
     state = next((s for s in ("complete", "failed", "pending") if tree.job_file(s, jid).exists()), "running")
     published = None

@@ -19,9 +19,20 @@ from typing import Any
 import msgspec
 import pytest
 from conftest import minimal, run_cli, state_files, wait_for, write_json
+from genhelp import (
+    ENV,
+    ENV_NAME,
+    TOKEN,
+    audit,
+    configure,
+    creates,
+    failure,
+    gen_sub,
+    gen_view,
+    provider_table,
+    submit,
+)
 from provsim import ProviderSim
-
-from genhelp import ENV, ENV_NAME, TOKEN, audit, configure, creates, failure, gen_sub, gen_view, provider_table, submit
 
 from spool import config, pools, settings
 from spool.errors import InvalidInput
@@ -31,7 +42,6 @@ from spool.kinds.generate import states as generation
 from spool.model import Failure, Manifest, encode
 from spool.records import read
 from spool.tree import Tree
-
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +124,9 @@ def test_truncated_downloads_are_retried_from_the_same_output_and_never_generate
     assert "downloads it again (no new generation)" in f.next_action
     assert creates(sim, prompt) == 1  # every attempt downloaded the one paid result again
     n = gtree.attempt_numbers(jid)
-    assert len(n) == 3 and all(gen_view(gtree, jid, k).records["generating"].how == "inherited" for k in n[1:])
+    assert len(n) == 3 and all(
+        gen_view(gtree, jid, k).records["generating"].how == "inherited" for k in n[1:]
+    )
     assert not (gtree.attempt_dir(jid, 1) / "work" / "gen-trunc.mp4").exists()
     assert gen_view(gtree, jid).record.result == "kept"
     assert audit(gtree, sim, jid, prompt).problems == []
@@ -124,7 +136,9 @@ def test_an_output_the_provider_no_longer_has_is_gone_and_a_retry_says_it_costs(
     prompt = "gone soon #fault=file_401:99"
     jid = submit(gtree, gen_sub("gen-gone", prompt))
     d = daemons(gtree, env=ENV)
-    job = wait_for(lambda: next(iter(j for j in list(sim.state.jobs.values()) if j.input["prompt"] == prompt), None))
+    job = wait_for(
+        lambda: next(iter(j for j in list(sim.state.jobs.values()) if j.input["prompt"] == prompt), None)
+    )
     wait_for(lambda: gen_view(gtree, jid).state == "retrieving", timeout=30)
     job.faults["retention"] = [0.0]  # the provider removes the output: a refetch shows none
     wait_for(lambda: gtree.job_file("failed", jid).exists(), timeout=60)

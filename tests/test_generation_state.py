@@ -12,9 +12,6 @@ from pathlib import Path
 
 import pytest
 from provsim import ProviderSim
-
-from spool import generation as gen_mod
-from spool import spending
 from spool.generation import (
     CHECK_PROVIDER,
     Conflict,
@@ -32,6 +29,9 @@ from spool.generation import (
     transition,
 )
 from spool.providers import Lookup, ProviderError, RemoteJob, open_provider, parse_provider
+
+from spool import generation as gen_mod
+from spool import spending
 
 TOKEN = "r8_GenStateToken_abcdef0123456789"
 

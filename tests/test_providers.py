@@ -19,9 +19,6 @@ from typing import Any
 
 import pytest
 from provsim import ProviderSim
-
-from spool import secrets
-from spool.errors import ConfigError
 from spool.providers import (
     Provider,
     ProviderError,
@@ -32,6 +29,9 @@ from spool.providers import (
     secret_names,
 )
 from spool.providers.base import classify_status, parse_content_digest, parse_retry_after
+
+from spool import secrets
+from spool.errors import ConfigError
 
 TOKEN = "r8_SimulatedTokenValue_0123456789abcdef"
 ENV = {"SIM_TOKEN": TOKEN}

@@ -9,9 +9,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from spool.spending import DAY, HOUR, SpendingRefused, count, folder, release, reserve
 
 from spool import spending
-from spool.spending import DAY, HOUR, SpendingRefused, count, folder, release, reserve
 
 T0 = 1_800_000_000.0
 

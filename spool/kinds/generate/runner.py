@@ -696,6 +696,7 @@ class Runner:
                 dest.unlink()
             except FileNotFoundError:
                 pass
+            log.warning("%s: the disk filled up during the download; the result is kept", job.job_id)
             return workflow.DownloadFailed("disk_full", exc.strerror or "no space left", True)
         self._took[job.job_id] = time.monotonic() - started
         prog.bytes_retrieved = got.size

@@ -548,7 +548,8 @@ class HttpProvider(Provider):
                 stated = parse_content_digest(
                     resp.headers, ("repr-digest",) if encoded else ("content-digest", "repr-digest")
                 )
-                chunks = resp.iter_bytes(1 << 16) if encoded else resp.iter_raw(1 << 16)
+                # No chunk size: each read is seen as it arrives (the rate is judged per read).
+                chunks = resp.iter_bytes() if encoded else resp.iter_raw()
                 window.append((time.monotonic(), 0))
                 with open(dest, "wb") as f:
                     for chunk in chunks:
