@@ -192,7 +192,7 @@ def test_revise_refuses_a_whole_job_file_as_the_recipe(tree, assets):
     jid = _submit(tree, assets, "ad")
     res = run_cli("revise", jid, "--recipe", str(tree.pending / f"{jid}.json"), spool=tree)
     assert res.returncode == 2 and res.stderr.count("\n") == 1
-    assert "--recipe" in res.stderr and "whole job or submission file" in res.stderr
+    assert "--spec" in res.stderr and "whole job or submission file" in res.stderr
 
 
 # -- item 18: approve by any name; a cancel records who cancelled --------------------------------------

@@ -1,4 +1,4 @@
-"""The six durable states of a generation attempt: real files, real processes, the real simulator."""
+"""The durable states of a generation attempt and its create log: real files, real processes, two mounts."""
 
 from __future__ import annotations
 
@@ -7,31 +7,27 @@ import subprocess
 import sys
 import textwrap
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
+import msgspec
 import pytest
-from provsim import ProviderSim
-from spool.generation import (
-    CHECK_PROVIDER,
+
+from spool.kinds.generate import ledger
+from spool.kinds.generate import states as gen_mod
+from spool.kinds.generate.providers.config import parse_provider
+from spool.kinds.generate.states import (
     Conflict,
+    CreateRequest,
+    CreateResult,
     Intent,
-    LateCompletion,
-    PollProgress,
-    after_crash,
     begin,
     finish_pending,
     input_hash,
+    log_create,
+    log_create_result,
     read,
-    record_late,
-    save_poll,
-    submit,
     transition,
 )
-from spool.providers import Lookup, ProviderError, RemoteJob, open_provider, parse_provider
-
-from spool import generation as gen_mod
-from spool import spending
 
 TOKEN = "r8_GenStateToken_abcdef0123456789"
 
@@ -58,13 +54,9 @@ def write_ahead_only(gen: Path, to: str, **fields: object) -> None:
     """What a contender leaves when it dies between its record and the marker rename."""
     view = read(gen)
     assert view.record is not None
-    import msgspec
-
     base = msgspec.structs.asdict(view.record) | dict(fields) | {"state": to, "from_state": view.state}
     rec = msgspec.convert(base, gen_mod.StateRecord, from_attributes=True)
-    tmp = gen_mod._write_temp(gen, gen_mod.record_name(to), gen_mod.encode(rec))
-    os.link(tmp, gen / gen_mod.record_name(to))
-    os.unlink(tmp)
+    (gen / gen_mod.record_name(to)).write_bytes(gen_mod.encode(rec))
 
 
 def test_begin_makes_the_intent_durable_and_is_exclusive(tmp_path: Path) -> None:
@@ -138,7 +130,7 @@ RACER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from spool.generation import Conflict, transition
+    from spool.kinds.generate.states import Conflict, transition
     root, start, me, target = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4]
     while time.time() < start:
         pass
@@ -192,8 +184,6 @@ def test_a_provider_id_written_just_before_a_crash_is_adopted(tmp_path: Path) ->
     write_ahead_only(gen, "generating", provider_job_id="pred-xyz")  # then kill -9
     view = read(gen)
     assert view.state == "submitted" and set(view.pending) == {"generating"}
-    d = after_crash(view, now=time.time(), can_find=True)
-    assert (d.action, d.provider_job_id) == ("adopt", "pred-xyz")
     rec = finish_pending(gen, view)
     assert rec is not None and read(gen).state == "generating"
     assert read(gen).record.provider_job_id == "pred-xyz"  # type: ignore[union-attr]
@@ -204,7 +194,7 @@ def test_an_orphan_record_of_a_lost_transition_does_not_block(tmp_path: Path) ->
     begin(gen, intent(), by="w1")
     write_ahead_only(gen, "failed", reason="stale contender")  # it lost, then died before cleaning up
     transition(gen, "generating", "w1", provider_job_id="p")
-    view = read(gen)
+    view = read(gen, full=True)  # orphans are history: only a full read names them
     assert view.state == "generating" and view.orphans == ["6-failed.json"] and not view.pending
     transition(gen, "failed", "w1", reason="real")
     assert read(gen).record.reason == "real"  # type: ignore[union-attr]
@@ -219,176 +209,33 @@ def test_a_begin_cut_short_before_its_marker_still_moves_forward(tmp_path: Path)
     assert [n for n in visible(gen) if n.startswith("state.")] == ["state.2-generating"]
 
 
-def test_after_crash_decisions() -> None:
-    t0 = 1_800_000_000.0
-
-    def view_at(state: str, *, deadline: float = t0 + 3600, job: str | None = None) -> gen_mod.View:
-        rec = gen_mod.StateRecord(
-            state=state,  # type: ignore[arg-type]
-            at=datetime.now(UTC),
-            by="w",
-            intent=intent(at=t0, deadline=deadline),
-            provider_job_id=job,
-        )
-        return gen_mod.View(dir=Path("/x"), state=rec.state, record=rec, marker=None)
-
-    none = gen_mod.View(dir=Path("/x"), state=None, record=None, marker=None)
-    assert after_crash(none, now=t0, can_find=True).action == "begin"
-    sub = view_at("submitted")
-    assert after_crash(sub, now=t0 + 1, can_find=True).action == "find"
-    fail = after_crash(sub, now=t0 + 1, can_find=False)
-    assert (fail.action, fail.next_action) == ("fail", CHECK_PROVIDER)
-    found = Lookup(outcome="found", job=RemoteJob(id="p9", status="running", raw_status="processing"))
-    assert after_crash(sub, now=t0 + 1, can_find=True, lookup=found).provider_job_id == "p9"
-    assert after_crash(sub, now=t0 + 5, can_find=True, lookup=Lookup(outcome="none")).action == "wait"
-    assert after_crash(sub, now=t0 + 60, can_find=True, lookup=Lookup(outcome="none")).action == "create"
-    amb = after_crash(
-        sub, now=t0 + 60, can_find=True, lookup=Lookup(outcome="ambiguous", candidates=["a", "b"])
-    )
-    assert (amb.action, amb.next_action) == ("fail", CHECK_PROVIDER)
-    assert after_crash(view_at("generating", job="p"), now=t0 + 1, can_find=False).action == "poll"
-    assert (
-        after_crash(view_at("generating", job="p", deadline=t0), now=t0 + 1, can_find=False).action
-        == "cancel"
-    )
-    assert after_crash(view_at("retrieving", job="p"), now=t0 + 1, can_find=False).action == "download"
-    assert after_crash(view_at("stored", job="p"), now=t0 + 1, can_find=False).action == "index"
-    assert after_crash(view_at("indexed", job="p"), now=t0 + 1, can_find=False).action == "done"
-    assert after_crash(view_at("failed", job="p"), now=t0 + 1, can_find=False).action == "done"
-
-
-# -- with the simulator ---------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def sim() -> object:
-    with ProviderSim(token=TOKEN, work=0.2) as s:
-        yield s
-
-
-def _provider(sim: ProviderSim, kind: str = "replicate", **over: object):  # type: ignore[no-untyped-def]
-    cfg = parse_provider("sim", {"kind": kind, "base_url": sim.url, "token_env": "SIM_TOKEN", **over})
-    return open_provider(cfg, env={"SIM_TOKEN": TOKEN})
-
-
-def _no_token_anywhere(root: Path) -> None:
-    for p in root.rglob("*"):
-        if p.is_file():
-            assert TOKEN.encode() not in p.read_bytes(), p
-
-
-def test_submit_once_when_the_create_reply_is_lost(sim: ProviderSim, tmp_path: Path) -> None:
-    """The create times out after the provider made the job: find it, adopt it, one create in total."""
-    p = _provider(sim, request_timeout=0.4)
-    gen = tmp_path / "attempts" / "gen-ad@1" / "1" / "gen"
-    inp = {"prompt": "lost reply #fault=create_timeout:1.2"}
-    begin(gen, intent(at=time.time() - 1), by="w1")
-    creates = sim.stats().get("create", 0)
-    with pytest.raises(ProviderError) as info:
-        submit(
-            gen,
-            p,
-            inp,
-            "w1",
-            reserve=lambda: spending.reserve(tmp_path, "sim", 10, 100, job="gen-ad@1", key="gen-ad@1/1"),
-            release=spending.release,
-        )
-    assert info.value.outcome == "ambiguous"
-    view = read(gen)
-    assert view.state == "submitted"  # the intent stays; no blind resubmit
-    assert after_crash(view, now=time.time(), can_find=p.can_find).action == "find"
-    since = datetime.fromtimestamp(view.record.intent.intent_at, UTC)  # type: ignore[union-attr]
-    lookup = p.find("acme/video-1", inp, "gen-ad@1/1", since)
-    d = after_crash(view, now=time.time(), can_find=True, lookup=lookup)
-    assert d.action == "adopt" and d.provider_job_id
-    transition(gen, "generating", "w1", provider_job_id=d.provider_job_id)
-    assert sim.stats()["create"] == creates + 1
-    assert spending.count(tmp_path, "sim") == (1, 1)  # the ambiguous create stays counted
-    save_poll(gen, PollProgress(polls=1, last_provider_status="processing", next_poll_at=time.time() + 2))
-    assert read(gen).poll is not None and read(gen).poll.polls == 1  # type: ignore[union-attr]
-    _no_token_anywhere(tmp_path)
-    p.close()
-
-
-def test_rate_limited_create_gives_its_spending_slot_back(sim: ProviderSim, tmp_path: Path) -> None:
-    p = _provider(sim)
+def test_the_create_log_is_exclusive_and_its_outcomes_read_in_precedence(tmp_path: Path) -> None:
     gen = tmp_path / "gen"
     begin(gen, intent(), by="w1")
-    sim.control(ratelimit={"count": 1, "retry_after": 1})
-    reserve = lambda: spending.reserve(tmp_path, "sim", 10, 100, job="j", key="k")  # noqa: E731
-    with pytest.raises(ProviderError, match="HTTP 429"):
-        submit(gen, p, {"prompt": "busy"}, "w1", reserve=reserve, release=spending.release)
-    assert spending.count(tmp_path, "sim") == (0, 0) and read(gen).state == "submitted"
-    rec = submit(gen, p, {"prompt": "busy"}, "w1", reserve=reserve, release=spending.release)
-    assert rec.provider_job_id and spending.count(tmp_path, "sim") == (1, 1)
-    p.close()
-
-
-def test_runway_lost_reply_fails_with_the_next_action(sim: ProviderSim, tmp_path: Path) -> None:
-    p = _provider(sim, "runway", request_timeout=0.4)
-    gen = tmp_path / "gen"
-    begin(gen, intent(), by="w1")
-    with pytest.raises(ProviderError):
-        submit(gen, p, {"promptText": "t #fault=create_timeout:1.2"}, "w1")
-    d = after_crash(read(gen), now=time.time(), can_find=p.can_find)
-    assert (d.action, d.next_action) == ("fail", CHECK_PROVIDER)
-    transition(gen, "failed", "w1", reason=d.reason, next_action=d.next_action)
-    assert read(gen).record.next_action == "check the provider; spool retry submits again"  # type: ignore[union-attr]
-    p.close()
-
-
-def test_a_duplicate_completion_cannot_move_the_attempt_twice(sim: ProviderSim, tmp_path: Path) -> None:
-    p = _provider(sim)
-    gen = tmp_path / "gen"
-    begin(gen, intent(), by="w1")
-    rec = submit(gen, p, {"prompt": "again and again #fault=recomplete"}, "w1")
-    time.sleep(0.3)
-    first = p.get(rec.provider_job_id)  # type: ignore[arg-type]
-    second = p.get(rec.provider_job_id)  # type: ignore[arg-type]
-    assert first.status == second.status == "succeeded" and first.outputs != second.outputs
-    transition(gen, "retrieving", "w1", expect="generating", output_url=first.outputs[0])
-    with pytest.raises(Conflict, match="not generating"):
-        transition(gen, "retrieving", "w2", expect="generating", output_url=second.outputs[0])
-    assert read(gen).record.output_url == first.outputs[0]  # type: ignore[union-attr]
-    p.close()
-
-
-def test_late_completion_of_an_abandoned_attempt_is_recorded_never_used(
-    sim: ProviderSim, tmp_path: Path
-) -> None:
-    p = _provider(sim)
-    gen = tmp_path / "gen"
-    begin(gen, intent(deadline=time.time() + 0.2), by="w1")
-    rec = submit(gen, p, {"prompt": "slowpoke #fault=never #fault=late:0.3"}, "w1")
-    time.sleep(0.25)
-    d = after_crash(read(gen), now=time.time(), can_find=True)
-    assert d.action == "cancel"
-    p.cancel(rec.provider_job_id)  # type: ignore[arg-type]
-    transition(
-        gen, "failed", "w1", reason="deadline passed; cancelled at the provider", next_action="spool retry"
-    )
-    time.sleep(0.4)
-    late = p.get(rec.provider_job_id)  # type: ignore[arg-type]
-    assert late.status == "succeeded"  # the provider ignored the cancel
-    view = read(gen)
-    assert gen_mod.is_abandoned(view)
-    assert record_late(
-        gen,
-        LateCompletion(
-            provider_job_id=late.id,
-            provider_status=late.raw_status,
-            outputs=late.outputs,
-            seen_at=datetime.now(UTC),
-            attempt_state="failed",
-        ),
-    )
+    req = CreateRequest(k=1, key="gen-ad@1/1", sent_at=time.time(), request="POST /x", by="w1")
+    log_create(gen, req)
     with pytest.raises(Conflict):
-        transition(gen, "retrieving", "w1", output_url=late.outputs[0])
-    assert read(gen).state == "failed" and "late-completion.json" in visible(gen)
-    p.close()
+        log_create(gen, req)  # a second contender sends nothing
+    assert [(c.k, c.outcome) for c in read(gen).creates] == [(1, None)]  # unknown: possibly made
+    log_create_result(gen, CreateResult(k=1, outcome="ambiguous", at=time.time(), code="timeout"))
+    assert read(gen).creates[0].outcome.outcome == "ambiguous"  # type: ignore[union-attr]
+    log_create_result(gen, CreateResult(k=1, outcome="unmade", at=time.time()))
+    assert read(gen).creates[0].outcome.outcome == "unmade"  # type: ignore[union-attr]
+    assert sorted(n for n in visible(gen) if n.startswith("create-")) == [
+        "create-1.ambiguous.json", "create-1.json", "create-1.unmade.json",
+    ]  # fmt: skip
+    transition(gen, "generating", "w1", provider_job_id="p")
+    assert read(gen).creates == [] and len(read(gen, full=True).creates) == 1  # read only while it matters
 
 
-# -- two NAS clients ---------------------------------------------------------------------------
+def test_the_ledger_gives_each_provider_job_to_one_attempt(tmp_path: Path) -> None:
+    first = ledger.enter(tmp_path, "sim", "pred/1", "a@1", 1, "created")
+    again = ledger.enter(tmp_path, "sim", "pred/1", "b@1", 2, "adopted")
+    assert again == first and ledger.ours(again, "a@1", 1) and not ledger.ours(again, "b@1", 2)
+    assert ledger.owner(tmp_path, "sim", "pred/1") == first
+    assert ledger.owner(tmp_path, "sim", "pred/2") is None
+    assert [p.name for p in (tmp_path / "providers/sim/jobs").iterdir()] == ["pred%2F1.json"]
+
 
 MULTIMOUNT = Path(__file__).resolve().parents[1] / "tools" / "multimount"
 
@@ -447,35 +294,8 @@ def test_two_mounts_racing_exactly_one_wins_each_transition(two_mounts: tuple[Pa
     assert sum(len(v) for v in won.values()) == rounds
 
 
-def test_the_poll_schedule_is_rebuilt_from_the_attempts_files(tmp_path: Path) -> None:
-    import random
-
-    from spool.polling import PollScheduler
-    from spool.providers.config import Polling
-
-    t = time.time()
-    gens = []
-    for i, (polls, nxt) in enumerate([(3, t + 40), (7, t - 5), (None, None)]):
-        gen = tmp_path / f"g{i}" / "gen"
-        begin(gen, intent(f"j{i}@1/1", deadline=t + 30), by="w1")
-        transition(gen, "generating", "w1", provider_job_id=f"p{i}")
-        if polls is not None:
-            save_poll(gen, PollProgress(polls=polls, next_poll_at=nxt, last_provider_status="processing"))
-        gens.append(gen)
-    done = tmp_path / "done" / "gen"
-    begin(done, intent("d@1/1"), by="w1")
-    transition(done, "failed", "w1", reason="x")
-    entries = list(gen_mod.poll_entries([*gens, done], now=t))
-    assert [(e.key, e.polls) for e in entries] == [("j0@1/1", 3), ("j1@1/1", 7), ("j2@1/1", 0)]
-    clock = [t]
-    s = PollScheduler.rebuild(entries, {"sim": Polling()}, clock=lambda: clock[0], rng=random.Random(1))
-    # Overdue and never-polled attempts are due at once; the deadline caps the 40 s wait.
-    assert sorted(d.key for d in s.pop_due()) == ["j1@1/1", "j2@1/1"]
-    assert s.due_time("j0@1/1") == t + 30
-
-
 def test_each_provider_draws_from_its_own_pool() -> None:
-    from spool.providers.config import pool_capacities
+    from spool.kinds.generate.providers.config import pool_capacities
 
     cfgs = [
         parse_provider(

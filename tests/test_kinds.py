@@ -26,16 +26,33 @@ from spool.tree import HOST, Tree
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_nothing_outside_the_kinds_registry_branches_on_operation():
+#: Ways code outside a kind's folder could branch on a kind: its operation, its record's
+#: type, its pool's name, an attribute only one kind's jobs have, or its record by name.
+BRANCHES = re.compile(
+    r"operation\s*(==|!=|in\b)|isinstance\([^)]*(Generate|Render|Noop)Job|startswith\(.provider:"
+    r"|getattr\([^)]*.generate.|(?<!`)\b(GenerateJob|RenderJob|NoopJob)\b"
+)
+
+
+def test_nothing_outside_the_kinds_branches_on_a_kind():
     offenders = []
     for folder in ("spool", "spoold"):
         for path in (ROOT / folder).rglob("*.py"):
             if "kinds" in path.relative_to(ROOT).parts:
                 continue
             for n, line in enumerate(path.read_text().splitlines(), 1):
-                if re.search(r"operation\s*(==|!=|in\b)", line):
+                if BRANCHES.search(line):
                     offenders.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
     assert offenders == []
+
+
+def test_the_daemon_dispatches_on_the_kind_and_its_driver_names_no_kind():
+    driver = (ROOT / "spoold" / "driver.py").read_text()
+    daemon = (ROOT / "spoold" / "daemon.py").read_text()
+    assert "generate" not in driver.lower().replace("generation", "")
+    assert 'kind.runner == "driven"' in daemon
+    for code in (driver, daemon):
+        assert "provider:" not in code and ".generate" not in code and "self.generations" not in code
 
 
 def test_every_kind_names_itself_and_its_record():
@@ -102,7 +119,7 @@ def test_a_full_pool_does_not_block_another():
 def test_render_work_draws_from_the_render_pool_sized_by_max_active(cfg: Config):
     assert pools.capacities(cfg) == {"render": cfg.limits.max_active}
     for kind in KINDS.values():
-        if not kind.driven:  # a generation draws from its provider's allowance (test_generate.py)
+        if kind.runner == "slot":  # a generation draws from its provider's allowance (test_generate.py)
             assert kind.pool(b"{}") == pools.RENDER
     assert KINDS["generate"].pool(b'{"generate": {"provider": "sim"}}') == "provider:sim"
 

@@ -365,9 +365,9 @@ def test_the_pending_age_is_the_one_the_heartbeat_carries(tree, monkeypatch):
 def test_a_daemon_counts_its_own_generations_from_memory_and_others_from_files(tree, monkeypatch):
     """At 10,000 generations in flight a file check each per write cost 0.3 s of CPU
     locally and seconds on a NAS: this daemon's own come from what it last moved."""
-    from spool.generation import Intent, begin, input_hash, transition
-
-    from spool import generation, overview
+    from spool import overview
+    from spool.kinds.generate import states as generation
+    from spool.kinds.generate.states import Intent, begin, input_hash, transition
 
     def start(jid: str, worker: str, to: str) -> None:
         make = tree.running_dir(worker)

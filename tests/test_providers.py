@@ -19,7 +19,11 @@ from typing import Any
 
 import pytest
 from provsim import ProviderSim
-from spool.providers import (
+
+from spool import secrets
+from spool.errors import ConfigError
+from spool.kinds.base import Abort
+from spool.kinds.generate.providers import (
     Provider,
     ProviderError,
     RemoteJob,
@@ -28,10 +32,13 @@ from spool.providers import (
     parse_provider,
     secret_names,
 )
-from spool.providers.base import classify_status, parse_content_digest, parse_retry_after
-
-from spool import secrets
-from spool.errors import ConfigError
+from spool.kinds.generate.providers.base import (
+    classify_status,
+    parse_content_digest,
+    parse_retry_after,
+    pick_video,
+)
+from spool.kinds.generate.providers.config import looks_like_token
 
 TOKEN = "r8_SimulatedTokenValue_0123456789abcdef"
 ENV = {"SIM_TOKEN": TOKEN}
@@ -176,14 +183,16 @@ def test_rate_limited_create_is_retryable_with_retry_after(
     assert err.back_pressure
 
 
-def test_create_5xx_is_ambiguous_and_find_says_none(make: Callable[..., Provider]) -> None:
+def test_create_5xx_is_ambiguous_and_the_listing_covers_the_window_without_it(
+    make: Callable[..., Provider],
+) -> None:
     p = make("replicate")
     since = datetime.now(UTC)
     inp = {"prompt": "unique-5xx #fault=create_5xx"}
     err = fails(lambda: p.create("acme/video-1", inp, key="k5"))
     assert (err.outcome, err.http_status) == ("ambiguous", 503)
-    found = p.find("acme/video-1", inp, "k5", since)
-    assert found.outcome == "none" and found.searched >= 0
+    found = p.find("acme/video-1", inp, since)
+    assert found.covered and found.matches == []
 
 
 def test_create_5xx_after_making_the_job_is_found_by_listing(make: Callable[..., Provider]) -> None:
@@ -192,8 +201,8 @@ def test_create_5xx_after_making_the_job_is_found_by_listing(make: Callable[...,
     inp = {"prompt": "made-then-502 #fault=create_5xx_after"}
     err = fails(lambda: p.create("acme/video-1", inp, key="k6"))
     assert err.outcome == "ambiguous" and err.http_status == 502
-    found = p.find("acme/video-1", inp, "k6", since)
-    assert found.outcome == "found" and found.job is not None and found.job.input == inp
+    found = p.find("acme/video-1", inp, since)
+    assert found.covered and [m.input for m in found.matches] == [inp]
 
 
 def test_create_timeout_is_ambiguous_and_found(make: Callable[..., Provider], sim: ProviderSim) -> None:
@@ -203,39 +212,104 @@ def test_create_timeout_is_ambiguous_and_found(make: Callable[..., Provider], si
     before = creates(sim)
     err = fails(lambda: p.create("acme/video-1", inp, key="k7"))
     assert (err.outcome, err.code) == ("ambiguous", "timeout")
-    found = p.find("acme/video-1", inp, "k7", since)
-    assert found.outcome == "found"
+    assert len(p.find("acme/video-1", inp, since).matches) == 1
     assert creates(sim) == before + 1  # found, so nothing was submitted twice
 
 
-def test_duplicate_jobs_make_find_ambiguous(make: Callable[..., Provider]) -> None:
+def test_duplicate_jobs_are_both_listed(make: Callable[..., Provider]) -> None:
     p = make("replicate")
     since = datetime.now(UTC)
     inp = {"prompt": "twins #fault=duplicate"}
     p.create("acme/video-1", inp, key="k8")
-    found = p.find("acme/video-1", inp, "k8", since)
-    assert found.outcome == "ambiguous" and len(found.candidates) == 2
+    assert len(p.find("acme/video-1", inp, since).matches) == 2
 
 
-def test_find_pages_back_through_the_listing(sim: ProviderSim, tmp_path: Path) -> None:
+def test_a_job_whose_input_retention_removed_is_listed_as_unknown(make: Callable[..., Provider]) -> None:
+    p = make("replicate")
+    since = datetime.now(UTC)
+    inp = {"prompt": "forgotten input #fault=retention:0"}
+    made = p.create("acme/video-1", inp, key="k10")
+    found = p.find("acme/video-1", inp, since)
+    assert found.matches == [] and made.id in [u.id for u in found.unknown]
+
+
+def test_find_pages_back_through_the_whole_window(sim: ProviderSim, tmp_path: Path) -> None:
     with ProviderSim(token=TOKEN, page_size=3) as small:
         cfg = parse_provider("paged", {"kind": "replicate", "base_url": small.url, "token_env": "SIM_TOKEN"})
         p = open_provider(cfg, env=ENV)
         since = datetime.now(UTC) - timedelta(seconds=1)
         target = {"prompt": "the first one"}
         p.create("acme/video-1", target, key="first")
-        for i in range(7):
+        for i in range(20):
             p.create("acme/video-1", {"prompt": f"later {i}"}, key=f"later{i}")
-        found = p.find("acme/video-1", target, "first", since)
-        assert found.outcome == "found" and found.searched == 8 and small.stats()["list"] == 3
+        found = p.find("acme/video-1", target, since)
+        assert found.covered and len(found.matches) == 1 and found.searched == 21 and found.pages == 7
         p.close()
+
+
+def test_a_failing_listing_is_an_error_not_an_answer(make: Callable[..., Provider], sim: ProviderSim) -> None:
+    p = make("replicate")
+    sim.control(list_fail=1)
+    err = fails(lambda: p.find("acme/video-1", {"prompt": "x"}, datetime.now(UTC)))
+    assert err.outcome == "retryable" and err.code == "server_error"
 
 
 def test_runway_cannot_find_a_lost_create(make: Callable[..., Provider]) -> None:
     p = make("runway", request_timeout=0.4)
     err = fails(lambda: p.create("gen4_turbo", {"promptText": "t #fault=create_timeout:1.5"}, key="k9"))
     assert err.outcome == "ambiguous"
-    assert p.find("gen4_turbo", {"promptText": "t"}, "k9", datetime.now(UTC)).outcome == "unsupported"
+    assert not p.find("gen4_turbo", {"promptText": "t"}, datetime.now(UTC)).supported
+
+
+def test_replicate_deployments_are_a_model_form(make: Callable[..., Provider], sim: ProviderSim) -> None:
+    p = make("replicate")
+    job = p.create("deployment:acme/video-prod", {"prompt": "via a deployment"}, key="kd")
+    assert wait_final(p, job.id).status == "succeeded"
+    assert (
+        p.describe_create("deployment:acme/video-prod", {})
+        == "POST /v1/deployments/acme/video-prod/predictions"
+    )
+
+
+def test_an_undocumented_status_is_unknown_not_an_error(make: Callable[..., Provider]) -> None:
+    p = make("replicate")
+    job = p.create("acme/video-1", {"prompt": "odd #fault=weird_status #fault=work:5"}, key="kw")
+    time.sleep(0.1)
+    got = p.get(job.id)
+    assert (got.status, got.raw_status, got.final) == ("unknown", "queued", False)
+
+
+def test_runway_429_on_create_is_the_daily_quota(make: Callable[..., Provider], sim: ProviderSim) -> None:
+    p = make("runway")
+    sim.control(create_429={"count": 1, "retry_after": 7, "ms": True})
+    err = fails(lambda: p.create("gen4_turbo", {"promptText": "over quota"}, key="kq"))
+    assert (err.code, err.retry_after) == ("quota", 7.0)
+
+
+def test_a_trickling_download_is_stalled_and_an_abort_stops_one_within_a_second(
+    make: Callable[..., Provider], tmp_path: Path
+) -> None:
+    p = make("replicate", download={"stall": 1.0, "min_rate": 4096})
+    job = _succeeded(p, "drip #fault=trickle:32:0.3")
+    t = time.monotonic()
+    err = fails(lambda: p.download(job.outputs[0], tmp_path / "a.mp4"))
+    assert err.code == "stalled" and time.monotonic() - t < 4.0 and not (tmp_path / "a.mp4").exists()
+    slow = make("replicate", download={"stall": 30.0, "min_rate": 1})
+    abort = Abort()
+    import threading
+
+    threading.Timer(0.5, abort.trip, args=("spool cancel",)).start()
+    t = time.monotonic()
+    err = fails(lambda: slow.download(job.outputs[0], tmp_path / "b.mp4", abort=abort))
+    assert err.code == "aborted" and "spool cancel" in err.problem and time.monotonic() - t < 1.5
+
+
+def test_the_whole_download_has_a_time_limit(make: Callable[..., Provider], tmp_path: Path) -> None:
+    p = make("replicate", download={"timeout": 1.0, "stall": 30.0, "min_rate": 1})
+    job = _succeeded(p, "drip forever #fault=trickle:32:0.2")
+    t = time.monotonic()
+    err = fails(lambda: p.download(job.outputs[0], tmp_path / "c.mp4"))
+    assert err.code == "timeout" and time.monotonic() - t < 3.0
 
 
 def test_connection_refused_is_retryable_even_for_a_create(tmp_path: Path) -> None:
@@ -264,7 +338,7 @@ def test_poll_429_carries_retry_after(make: Callable[..., Provider]) -> None:
     p = make("replicate")
     job = p.create("acme/video-1", {"prompt": "busy #fault=ratelimit:1:3"}, key="k")
     err = fails(lambda: p.get(job.id))
-    assert (err.code, err.retry_after, err.poll_outcome) == ("rate_limited", 3.0, "rate_limited")
+    assert (err.code, err.retry_after, err.back_pressure) == ("rate_limited", 3.0, True)
     assert p.get(job.id).id == job.id
 
 
@@ -272,7 +346,7 @@ def test_slow_poll_times_out_as_retryable(make: Callable[..., Provider]) -> None
     p = make("replicate", request_timeout=0.3)
     job = p.create("acme/video-1", {"prompt": "slow #fault=slow:1"}, key="k")
     err = fails(lambda: p.get(job.id))
-    assert (err.outcome, err.code, err.poll_outcome) == ("retryable", "timeout", "error")
+    assert (err.outcome, err.code, err.back_pressure) == ("retryable", "timeout", False)
 
 
 def test_lost_job_is_final_with_next_action(make: Callable[..., Provider]) -> None:
@@ -280,8 +354,8 @@ def test_lost_job_is_final_with_next_action(make: Callable[..., Provider]) -> No
     job = p.create("acme/video-1", {"prompt": "forgotten #fault=lose:1"}, key="k")
     p.get(job.id)
     err = fails(lambda: p.get(job.id))
-    assert (err.outcome, err.code, err.http_status, err.poll_outcome) == ("final", "lost", 404, "done")
-    assert "spool retry submits again" in str(err)
+    assert (err.outcome, err.code, err.http_status) == ("final", "lost", 404)
+    assert "does not know this job" in str(err)
 
 
 def test_failed_generation_reports_the_providers_error_masked(make: Callable[..., Provider]) -> None:
@@ -338,7 +412,7 @@ def test_truncated_body_is_detected_retryable_and_leaves_nothing(
     dest = tmp_path / "cut.mp4"
     err = fails(lambda: p.download(job.outputs[0], dest))
     assert (err.outcome, err.code) == ("retryable", "truncated")
-    assert "same URL" in str(err) and not dest.exists()
+    assert "cut off" in str(err) and not dest.exists()
 
 
 def test_wrong_checksum_is_detected_and_leaves_nothing(make: Callable[..., Provider], tmp_path: Path) -> None:
@@ -358,13 +432,6 @@ def test_a_compressed_download_is_decoded_and_checked_against_repr_digest(
     assert got.checksum_checked and data[4:8] == b"ftyp" and got.size == len(data)
 
 
-def test_expected_sha256_mismatch_is_detected(make: Callable[..., Provider], tmp_path: Path) -> None:
-    p = make("replicate")
-    job = _succeeded(p, "fine")
-    err = fails(lambda: p.download(job.outputs[0], tmp_path / "x.mp4", expected_sha256="0" * 64))
-    assert err.code == "checksum"
-
-
 def test_non_video_bytes_download_but_fail_the_probe(make: Callable[..., Provider], tmp_path: Path) -> None:
     from spool.probe import ProbeError, ffprobe
 
@@ -377,13 +444,17 @@ def test_non_video_bytes_download_but_fail_the_probe(make: Callable[..., Provide
             raise ProbeError("no video stream")
 
 
-def test_expired_output_url_is_final_with_next_action(make: Callable[..., Provider], tmp_path: Path) -> None:
+def test_an_expired_runway_url_is_refused_and_fetching_the_task_again_signs_a_fresh_one(
+    make: Callable[..., Provider], tmp_path: Path
+) -> None:
     p = make("runway")
     job = _succeeded(p, "brief #fault=expire:0")
     time.sleep(1.1)
     err = fails(lambda: p.download(job.outputs[0], tmp_path / "late.mp4"))
     assert (err.outcome, err.code, err.http_status) == ("final", "expired", 403)
-    assert "spool retry" in str(err)
+    fresh = p.get(job.id).outputs[0]
+    assert fresh != job.outputs[0]
+    assert p.download(fresh, tmp_path / "fresh.mp4").size > 0
 
 
 def test_download_over_max_bytes_is_final(make: Callable[..., Provider], tmp_path: Path) -> None:
@@ -432,16 +503,17 @@ def test_status_classes_and_retry_after_forms() -> None:
     assert classify_status(401) == ("final", "unauthorized")
     assert classify_status(404) == ("final", "lost")
     assert classify_status(422) == ("final", "invalid")
-    assert parse_retry_after("12") == 12.0
-    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412470.0) == 10.0
-    assert parse_retry_after("soon") is None
+    assert parse_retry_after({"retry-after": "12"}) == 12.0
+    assert parse_retry_after({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}, now=1445412470.0) == 10.0
+    assert parse_retry_after({"retry-after": "soon"}) is None
+    assert parse_retry_after({"retry-after-ms": "250", "retry-after": "9"}) == 0.25  # ms wins
     assert parse_content_digest({"content-digest": "sha-256=:AAAA:"}) == "000000"
 
 
 def test_provider_config_errors_name_the_field() -> None:
     with pytest.raises(ConfigError, match=r"\[providers.r\] token_env.*NAME"):
         parse_provider(
-            "r", {"kind": "replicate", "base_url": "https://api.replicate.com", "token_env": "r8_abc/xyz="}
+            "r", {"kind": "replicate", "base_url": "https://api.replicate.com", "token_env": "MY TOKEN"}
         )
     with pytest.raises(ConfigError, match=r"\[providers.r\] base_url"):
         parse_provider("r", {"kind": "replicate", "base_url": "api.replicate.com", "token_env": "T"})
@@ -462,6 +534,41 @@ def test_provider_config_errors_name_the_field() -> None:
         cfg.token({})
 
 
+def test_the_video_is_picked_from_any_json_output_by_a_stated_rule() -> None:
+    url = "https://x/v.mp4"
+    assert pick_video(url, None) == (url, None)
+    assert pick_video([url, "https://x/w.mp4"], None) == (url, None)
+    assert pick_video({"video": url}, "video") == (url, None)
+    assert pick_video({"video": url}, None)[1] and "output_key" in pick_video({"video": url}, None)[1]
+    assert "no key 'clip'" in pick_video({"video": url}, "clip")[1]
+    assert "empty list" in pick_video([], None)[1]
+    assert pick_video(None, None)[0] is None and pick_video("not a url", None)[0] is None
+
+
+def test_a_pasted_token_is_refused_without_echoing_it_and_http_only_on_loopback() -> None:
+    for pasted in ("r8_AbCdEf0123456789aBcDeF", "key_9f8e7d6c5b4a39281716", "abcdefghij0123456789KLMN"):
+        assert looks_like_token(pasted)
+        with pytest.raises(ConfigError) as info:
+            parse_provider("r", {"kind": "replicate", "base_url": "https://a", "token_env": pasted})
+        assert pasted not in str(info.value) and "token_env" in str(info.value)
+    for name in ("REPLICATE_API_TOKEN", "SPOOL_TEST_GEN_TOKEN_FOR_THE_LONG_RUN", "T"):
+        assert not looks_like_token(name)
+    with pytest.raises(ConfigError, match=r"base_url.*https://"):
+        parse_provider("r", {"kind": "replicate", "base_url": "http://api.replicate.com", "token_env": "T"})
+    for loop in ("http://127.0.0.1:8471", "http://localhost:1", "http://[::1]:2"):
+        assert parse_provider("r", {"kind": "replicate", "base_url": loop, "token_env": "T"}).base_url == loop
+    assert (
+        parse_provider(
+            "r", {"kind": "replicate", "base_url": "https://a", "token_env": "T"}
+        ).retention_seconds
+        == 3600
+    )
+    assert (
+        parse_provider("w", {"kind": "runway", "base_url": "https://a", "token_env": "T"}).retention_seconds
+        is None
+    )
+
+
 def test_unknown_kind_lists_the_known_ones() -> None:
     cfg = parse_provider("x", {"kind": "nope", "base_url": "https://a", "token_env": "T"})
     with pytest.raises(ConfigError, match=r"\[providers.x\] kind.*replicate, runway"):
@@ -474,7 +581,7 @@ def test_plug_in_kind_loads_from_the_entry_point_group(
     (tmp_path / "acme_spool.py").write_text(
         textwrap.dedent(
             """
-            from spool.providers.replicate import Replicate
+            from spool.kinds.generate.providers.replicate import Replicate
 
             class Acme(Replicate):
                 kind = "acme"

@@ -9,9 +9,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from spool.spending import DAY, HOUR, SpendingRefused, count, folder, release, reserve
 
-from spool import spending
+from spool.kinds.generate import spending
+from spool.kinds.generate.spending import DAY, HOUR, SpendingRefused, count, folder, release, reserve
 
 T0 = 1_800_000_000.0
 
@@ -59,7 +59,8 @@ def test_release_gives_the_slot_back_and_providers_are_separate(tmp_path: Path) 
 
 def test_counts_survive_a_restart_in_another_process(tmp_path: Path) -> None:
     reserve(tmp_path, "rep", 5, 10, job="j", key="k", now=T0)
-    code = f"from spool.spending import count; print(count({str(tmp_path)!r}, 'rep', {T0 + 1}))"
+    code = "from spool.kinds.generate.spending import count; "
+    code += f"print(count({str(tmp_path)!r}, 'rep', {T0 + 1}))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "(1, 1)"
 
@@ -73,7 +74,7 @@ def test_old_files_are_pruned(tmp_path: Path) -> None:
 RACER = textwrap.dedent(
     """
     import sys, time
-    from spool.spending import reserve, SpendingRefused
+    from spool.kinds.generate.spending import reserve, SpendingRefused
     root, start = sys.argv[1], float(sys.argv[2])
     while time.time() < start:
         pass
@@ -106,3 +107,13 @@ def test_racing_processes_never_exceed_the_limit(tmp_path: Path) -> None:
     files = len(spending.times(tmp_path, "rep"))
     assert files == admitted  # every admitted request has its file, no refused one does
     assert 1 <= admitted <= 10  # 48 attempts against a limit of 10
+
+
+def test_the_allowance_says_how_many_more_and_when_the_next_frees_up(tmp_path: Path) -> None:
+    for i in range(2):
+        reserve(tmp_path, "rep", 2, 10, job=f"j{i}", key=f"j{i}/1", now=T0 + i)
+    full = spending.allowance(tmp_path, "rep", 2, 10, now=T0 + 10)
+    assert full.room == 0 and full.frees_at == T0 + HOUR
+    assert "spending.per_hour = 2: 2 create requests in the last hour" in full.reason
+    assert spending.allowance(tmp_path, "rep", 3, 10, now=T0 + 10).room == 1
+    assert spending.allowance(tmp_path, "rep", 2, 10, now=T0 + HOUR + 0.5).room == 1

@@ -132,9 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         # once can trip Python's import-lock deadlock detection (seen in CI).
         import spool.cli
         import spool.kinds
-        import spool.providers.base
-        import spool.providers.replicate
-        import spool.providers.runway  # noqa: F401
+        import spool.kinds.generate.providers.base
+        import spool.kinds.generate.providers.replicate
+        import spool.kinds.generate.providers.runway  # noqa: F401
 
         with ThreadPoolExecutor(len(chosen)) as pool:
             list(pool.map(one, chosen))

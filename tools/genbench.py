@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from provsim import ProviderSim
 
-from spool.providers import ProviderError, open_provider, parse_provider
+from spool.kinds.generate.providers import ProviderError, open_provider, parse_provider
 
 BIN = Path(sys.executable).parent
 TOKEN = "genbench-token-5d1e"
@@ -222,11 +222,11 @@ def main(argv: list[str] | None = None) -> int:
         ret = json.loads((gen / "3-retrieving.json").read_text())
         seen.append(datetime.fromisoformat(ret["at"]).timestamp() - done_at)
         indexed.append(datetime.fromisoformat(r["at"]).timestamp() - done_at)
-        polls += json.loads((gen / "poll.json").read_text())["polls"]
+        polls += json.loads((gen / "progress.json").read_text())["polls"]
         minimum += 1 + max(0, math.ceil((sj.work - args.first) / args.ceiling))
     completed = len(indexed)
     driver = re.findall(
-        r"generation driver: (\d+) polls; CPU ([0-9.]+) s in polls, ([0-9.]+) s on the scheduling thread",
+        r"driver: (\d+) steps; CPU ([0-9.]+) s in steps, ([0-9.]+) s on the scheduling thread",
         (args.dir / "spoold.log").read_text(),
     )
     thread_polls, thread_cpu = (
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                 "peak_rss_mib": round(hwm / 1024, 1),
                 "daemon_polls_while_measured": daemon_polls,
                 "daemon_cpu_ms_per_poll": round((cpu_to - cpu_from) / max(1, daemon_polls) * 1e3, 3),
-                "driver_cpu_ms_per_poll": round(thread_cpu / max(1, thread_polls) * 1e3, 3),
+                "driver_cpu_ms_per_step": round(thread_cpu / max(1, thread_polls) * 1e3, 3),
                 "polls_per_completed_job": round(polls / max(1, completed), 2),
                 "min_polls_per_completed_job": round(minimum / max(1, completed), 2),
                 "completion_to_seen_p50_p99_s": [q(seen, 0.5), q(seen, 0.99)],

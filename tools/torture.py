@@ -14,9 +14,14 @@ restarted under the same identity. Then every daemon is restarted to drain,
 
 With ``--generate G``, G generation jobs are mixed in, against tools/provsim.py
 run in this process (``[providers.sim]`` in the spool): the same kills hit
-them between their durable states, and the run also checks that the
-simulator got no more create requests than the generation attempts that
-began (a restart or recovery never sends a second create for one attempt).
+them between their durable states, and a share of them (``--provider-faults``,
+default one in two) meet a provider fault chosen at random: a create that made
+the job and answered 502, a create reply stalled past the request timeout,
+429s and 5xx on polls, a trickling download, a download refused once. The run
+also checks, from the simulator's side, that no job got more predictions than
+it had attempts (a restart or recovery never sends a second create for one
+attempt), and that every published generation is its own job's prediction
+(the bytes the provider made for that job's prompt, by the selected attempt).
 
 It prints one line of figures and exits 0 only if no job was lost, none was
 published twice, no partial file sits at a final path and both checks are
@@ -173,7 +178,9 @@ def _run(args: argparse.Namespace, sim: Any) -> dict[str, object]:
     lay = _layout(args)
     _make_spool(lay, args.max_attempts)
     ids = _submit(lay, args.jobs, rng)
-    gen_ids = _submit_generations(lay, args.generate, sim) if sim is not None else []
+    gen_ids = (
+        _submit_generations(lay, args.generate, sim, rng, args.provider_faults) if sim is not None else []
+    )
     ids += gen_ids
     started = time.monotonic()
     workers = [Worker(lay.views[k % len(lay.views)], f"w{k}", lay.logs) for k in range(args.workers)]
@@ -211,6 +218,7 @@ def _run(args: argparse.Namespace, sim: Any) -> dict[str, object]:
     figures["jobs"] = len(ids)
     clean = not any(found[k] for k in ("lost", "double", "partial", "fsck", "independent"))
     clean = clean and not figures.get("generation_creates_over_attempts")
+    clean = clean and not figures.get("generation_wrong_asset")
     if not args.keep and clean:
         shutil.rmtree(lay.base, ignore_errors=True)
         if args.mounts:
@@ -269,8 +277,20 @@ def _submit(lay: Layout, jobs: int, rng: random.Random) -> list[str]:
     return ids
 
 
-def _submit_generations(lay: Layout, n: int, sim: Any) -> list[str]:
-    """Configure the simulator as ``[providers.sim]`` and drop ``n`` generation jobs."""
+#: Provider faults a torture generation may meet (``--provider-faults``), in its prompt.
+PROVIDER_FAULTS = (
+    "#fault=create_5xx_after",  # made the job, then answered 502: looked up and adopted
+    "#fault=create_timeout:3",  # the reply stalled past request_timeout: looked up and adopted
+    "#fault=ratelimit:2:0.3",  # the first polls answer 429 with Retry-After
+    "#fault=get_5xx:2",  # the first polls answer 500
+    "#fault=trickle:4096:0.05",  # a slow download (above download.min_rate)
+    "#fault=file_401:1",  # the first download is refused: fetched again, never generated again
+)
+
+
+def _submit_generations(lay: Layout, n: int, sim: Any, rng: random.Random, share: float) -> list[str]:
+    """Configure the simulator as ``[providers.sim]`` and drop ``n`` generation jobs, a
+    ``share`` of them with a provider fault."""
     settings.write(
         lay.spool / "spool.toml",
         {
@@ -282,17 +302,24 @@ def _submit_generations(lay: Layout, n: int, sim: Any) -> list[str]:
                     "request_timeout": 2.0,
                     "in_flight": 8,
                     "deadline": 60.0,
+                    "listing_settle": 1.0,
                     "polling": {"first": 0.2, "base": 0.2, "ceiling": 0.5, "floor": 0.05},
+                    "retries": {"find": {"initial": 0.5, "ceiling": 2.0}, "download": {"initial": 0.3}},
                 }
             }
         },
     )
     ids = []
     for i in range(n):
+        fault = f" {rng.choice(PROVIDER_FAULTS)}" if rng.random() < share else ""
         sub = {
             "name": f"g{i:04d}",
             "operation": "generate",
-            "generate": {"provider": "sim", "model": "acme/video-1", "input": {"prompt": f"torture {i}"}},
+            "generate": {
+                "provider": "sim",
+                "model": "acme/video-1",
+                "input": {"prompt": f"torture {i}{fault}"},
+            },
             "output": {"expect": {"width": 320, "height": 180}},
             "tags": TAGS,
         }
@@ -303,17 +330,60 @@ def _submit_generations(lay: Layout, n: int, sim: Any) -> list[str]:
     return ids
 
 
+def _made_by(spool: Path, job_id: str, attempt: int) -> int:
+    """The attempt whose provider job a published attempt's bytes are: itself, or the one
+    whose verified leftover a recovery published (its ``recovery-N.json`` names it)."""
+    if (spool / "attempts" / job_id / str(attempt) / "gen").is_dir():
+        return attempt
+    for rec in (spool / "attempts" / job_id).glob("recovery-*.json"):
+        try:
+            r = json.loads(rec.read_text())
+        except (OSError, ValueError):
+            continue
+        if r.get("decision") == "accept-candidate":
+            return int(r["evidence"]["attempt"])
+    return attempt
+
+
 def _generation_figures(spool: Path, ids: list[str], sim: Any) -> dict[str, object]:
-    """Create requests the simulator made jobs for, against the generation attempts that
-    began (an intent on disk): one attempt never creates twice, so creates <= attempts."""
-    prompts = {f"torture {int(j[1:5])}" for j in ids}
+    """From the simulator's side: predictions made per job against its attempts that began
+    (an intent on disk; one attempt never makes two), and whether each published
+    generation is its own job's prediction."""
     made = list(sim.state.jobs.values())  # the server thread may still add to it
-    creates = sum(1 for j in made if j.input.get("prompt") in prompts and not j.hidden)
-    attempts = sum(1 for j in ids for _ in (spool / "attempts" / j).glob("*/gen/1-submitted.json"))
+    prompt_of = {}
+    for j in ids:
+        try:
+            prompt_of[j] = json.loads((spool / "attempts" / j / "job.json").read_text())["generate"]["input"][
+                "prompt"
+            ]
+        except (OSError, ValueError, KeyError):
+            prompt_of[j] = None
+    per_job = Counter(p.input.get("prompt") for p in made if not p.hidden)
+    creates = sum(per_job[p] for p in prompt_of.values() if p is not None)
+    attempts = {j: sum(1 for _ in (spool / "attempts" / j).glob("*/gen/1-submitted.json")) for j in ids}
+    over = sorted(j for j in ids if prompt_of[j] is not None and per_job[prompt_of[j]] > attempts[j])
     states = Counter(_state(spool, j) for j in ids)
-    per_job = Counter(
-        j.input.get("prompt") for j in made if j.input.get("prompt") in prompts and not j.hidden
-    )
+    wrong = []
+    by_id = {p.id: p for p in made}
+    for j in ids:
+        if _state(spool, j) != "complete":
+            continue
+        try:
+            m = json.loads((spool / "manifests" / f"{j}.json").read_text())
+            made_by = _made_by(spool, j, m["attempt"])
+            gen = json.loads(
+                (spool / "attempts" / j / str(made_by) / "gen" / "2-generating.json").read_text()
+            )
+        except (OSError, ValueError, KeyError):
+            wrong.append(f"{j}: no readable manifest or generating record")
+            continue
+        pj = by_id.get(gen.get("provider_job_id"))
+        if (
+            pj is None
+            or pj.input.get("prompt") != prompt_of[j]
+            or sim.output_sha256(pj.id) != m["output"]["sha256"]
+        ):
+            wrong.append(f"{j}: published {m['output']['sha256'][:12]}, not its own prediction")
     why: Counter[str] = Counter()  # what ended attempts (a located failure's retry creates anew)
     for f in (f for j in ids for f in (spool / "attempts" / j).glob("*/failure.json")):
         try:
@@ -322,14 +392,16 @@ def _generation_figures(spool: Path, ids: list[str], sim: Any) -> dict[str, obje
             why["(unreadable)"] += 1
     return {
         "generation_attempt_failures": dict(sorted(why.items())),
-        # How many generation jobs got 0, 1, 2... create requests (a recovery adopts, never re-creates).
-        "generation_creates_per_job": dict(sorted(Counter(per_job[p] for p in prompts).items())),
+        # How many generation jobs got 0, 1, 2... predictions (a recovery adopts, never re-creates).
+        "generation_creates_per_job": dict(sorted(Counter(per_job[p] for p in prompt_of.values()).items())),
         "generations": len(ids),
         "generation_complete": states["complete"],
         "generation_failed": states["failed"],
-        "generation_attempts": attempts,
+        "generation_attempts": sum(attempts.values()),
         "generation_creates": creates,
-        "generation_creates_over_attempts": max(0, creates - attempts),
+        "generation_creates_over_attempts": len(over),
+        "generation_wrong_asset": len(wrong),
+        "generation_details": (over + wrong)[:10],
     }
 
 
@@ -485,6 +557,12 @@ def main() -> int:
     ap.add_argument(
         "--generate", type=int, default=0, help="generation jobs mixed in, against tools/provsim.py"
     )
+    ap.add_argument(
+        "--provider-faults",
+        type=float,
+        default=0.5,
+        help="share of the generation jobs that meet a provider fault chosen at random (0 to 1)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     f = run(args)
@@ -499,6 +577,14 @@ def main() -> int:
             f"recoveries: {rec} | lost={f['lost']} double_published={f['double_published']} "
             f"partial_at_final={f['partial_at_final']} fsck_problems={f['fsck_problems']} "
             f"independent_problems={f['independent_problems']} wall={f['wall_seconds']}s"
+            + (
+                f" | generations={f['generations']} complete={f['generation_complete']} "
+                f"attempts={f['generation_attempts']} predictions={f['generation_creates']} "
+                f"over_attempts={f['generation_creates_over_attempts']} "
+                f"wrong_asset={f['generation_wrong_asset']}"
+                if "generations" in f
+                else ""
+            )
         )
         if (
             f["lost"]
@@ -506,8 +592,11 @@ def main() -> int:
             or f["partial_at_final"]
             or f["fsck_problems"]
             or f["independent_problems"]
+            or f.get("generation_creates_over_attempts")
+            or f.get("generation_wrong_asset")
         ):
             print(json.dumps(f["details"], indent=2), file=sys.stderr)
+            print(json.dumps(f.get("generation_details", []), indent=2), file=sys.stderr)
             print(f"spool kept at {f['spool']}", file=sys.stderr)
     bad = (
         f["lost"]
@@ -517,6 +606,7 @@ def main() -> int:
         or f["independent_problems"]
         or f["damaged_not_quarantined"]
         or f.get("generation_creates_over_attempts")
+        or f.get("generation_wrong_asset")
     )
     return 1 if bad else 0
 

@@ -385,7 +385,7 @@ def _settle(f: Facts, last: Create) -> Step:
     if isinstance(ev, Found) and ev.k == k:
         return _judge(f, last, ev)
     if isinstance(ev, FindFailed) and ev.k == k:
-        tries = (v.progress.tries if v.progress else 0) + 1
+        tries = v.progress.tries if v.progress else 1  # the runner counted this failure
         find = f.policy.retries["find"]
         if ev.error.code in find.final or find.exhausted(tries):
             why = (
@@ -486,8 +486,7 @@ def _generating(f: Facts) -> Step:
             return Step(_provider_failed(f, pid, job), "")
         if f.now >= deadline:
             return Step(Cancel(pid, _deadline(f, job.raw_status), seen=job.raw_status), "the deadline passed")
-        polls = (prog.polls if prog else 0) + 1
-        wait = f.policy.retries["poll"].wait(polls, f.rng)
+        wait = f.policy.retries["poll"].wait(prog.polls if prog else 1, f.rng)
         return Step(Wait(min(f.now + wait, deadline), f"provider says {job.raw_status}"), "")
     if isinstance(ev, PollFailed):
         e = ev.error
@@ -495,8 +494,8 @@ def _generating(f: Facts) -> Step:
             return Step(_lost(f, pid, e), "")
         if f.now >= deadline:
             return Step(Cancel(pid, _deadline(f, f"unanswered ({e.code})")), "the deadline passed")
-        errors = (prog.errors if prog else 0) + 1
-        at = f.now + f.policy.retries["poll"].wait(errors, f.rng, e.retry_after, f.policy.retry_after_max)
+        tries = prog.tries if prog else 1  # consecutive failed polls, counted by the runner
+        at = f.now + f.policy.retries["poll"].wait(tries, f.rng, e.retry_after, f.policy.retry_after_max)
         if f.blocked_until is not None:
             at = max(at, f.blocked_until)
         return Step(Wait(min(at, deadline), f"the poll failed ({e.code})", e.back_pressure), "")

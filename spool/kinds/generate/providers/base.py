@@ -495,11 +495,13 @@ class HttpProvider(Provider):
         from another thread within a second. Checked, in order: the HTTP status
         (401/403/404/410: the URL expired or is gone, ``expired``), ``download.max_bytes``
         (final), the ``Content-Length`` against the bytes received (truncated), and the
-        provider's ``Content-Digest`` sha-256 (mismatch). On any failure ``dest`` is
-        removed, so a partial file is never promoted. The file is fsynced before this
-        returns.
+        provider's ``Content-Digest`` sha-256 (mismatch). The bytes go to a hidden
+        ``.<name>.part`` beside ``dest``, fsynced, and take ``dest``'s name only once every
+        check passed: a file at ``dest`` is always a whole, checked download (recovery may
+        publish it after the gate), and a partial one is removed on any failure.
         """
         op = "download"
+        final, dest = dest, dest.with_name(f".{dest.name}.part")
         dl = self.config.download
         limit = dl.max_bytes_int
         digest = hashlib.sha256()
@@ -590,9 +592,10 @@ class HttpProvider(Provider):
                         outcome="retryable",
                         code="checksum",
                     )
+                os.replace(dest, final)
                 self.count("bytes", size)
                 return Downloaded(
-                    path=str(dest),
+                    path=str(final),
                     size=size,
                     sha256=got,
                     checksum_checked=stated is not None,

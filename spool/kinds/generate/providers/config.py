@@ -61,8 +61,9 @@ from ....errors import ConfigError, InvalidInput
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 #: ``token_env`` is an environment variable's name, not a value.
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-#: What real tokens start with (Replicate ``r8_``, Runway ``key_``, OpenAI-style ``sk-``).
-TOKEN_PREFIXES = ("r8_", "key_", "sk-", "sk_", "rw_", "ghp_", "xox")
+#: What real tokens start with (Replicate ``r8_``, Runway ``key_``, OpenAI-style ``sk-``),
+#: case and all: an environment variable named ``KEY_FILE`` is a name.
+TOKEN_PREFIXES = ("r8_", "key_", "sk-", "sk_", "ghp_")
 
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
@@ -228,7 +229,7 @@ def looks_like_token(value: str) -> bool:
     Environment variables are named in upper case by convention (POSIX); a value with
     a token's prefix, or 20 or more characters of a token's alphabet in mixed case
     or with a ``-``, is a token."""
-    if value.lower().startswith(TOKEN_PREFIXES):
+    if value.startswith(TOKEN_PREFIXES):
         return True
     if len(value) < 20 or not re.fullmatch(r"[A-Za-z0-9_\-.]+", value):
         return False
