@@ -46,11 +46,13 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from .providers.base import Lookup, ProviderError, RemoteJob
 from .retries import RECREATES, RetryPolicy
 from .states import Create, Intent, Result, View
+
+if TYPE_CHECKING:  # the HTTP side (httpx) loads only where a provider is called
+    from .providers.base import Lookup, ProviderError, RemoteJob
 
 #: The next action of an attempt whose create may have made a job spool cannot identify.
 CHECK_PROVIDER = (
