@@ -110,6 +110,8 @@ def check(
             p = _orphan(tree, loc, stale_after, server)
             if p:
                 problems.append(p)
+        if loc.state in ("complete", "failed"):
+            problems += _generations_left(tree, jid)
         problems += _attempt_records(tree, jid)
     problems += _damaged(tree, repair)
     problems += _in_no_state(tree, repair, verify_hashes)
@@ -210,6 +212,18 @@ def _attempt_records(tree: Tree, jid: str) -> list[Problem]:
         if not (d / "attempt.json").is_file():
             out.append(Problem(4, _rel(tree, d), "attempt folder without attempt.json"))
     return out
+
+
+def _generations_left(tree: Tree, jid: str) -> list[Problem]:
+    """A generation attempt no worker runs, whose provider job may still run (SPEC 11, 10)."""
+    if not any((tree.attempt_dir(jid, n) / "gen").is_dir() for n in attempt_numbers(tree, jid)):
+        return []
+    from .kinds.generate import watch  # here: only jobs with generation attempts need it
+
+    return [
+        Problem(10, _rel(tree, gen), why, "check the provider: cancel that job there if it still runs")
+        for gen, why in watch.left_behind(tree, jid)
+    ]
 
 
 def _manifests(tree: Tree, verify_hashes: bool) -> list[Problem]:

@@ -26,6 +26,7 @@ import math
 import os
 import re
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -195,9 +196,10 @@ def queue_families(
     rows = [{"job_id": jid, "attempt": overview.latest_attempt(tree, jid)} for jid, _, _ in scan.running]
     from .library import families as library_families  # the asset library (SPEC 9)
 
-    gens = overview.generation_states(tree, rows)
+    gw = overview.generation_watch(tree, rows, None)
+    gens, ages = (gw.counts, gw.oldest) if gw is not None else ({}, {})
     return [
-        *_queue_gauges(worker, now, scan.counts, scan.oldest_age, beats, gens),
+        *_queue_gauges(worker, now, scan.counts, scan.oldest_age, beats, gens, ages),
         *library_families(tree, worker),
     ]
 
@@ -209,6 +211,7 @@ def _queue_gauges(
     oldest_age: dict[str, float | None],
     beats: list[tuple[str, float]],
     generation_states: dict[str, int],
+    generation_ages: dict[str, float] | None = None,
 ) -> list[Family]:
     jobs = Family("spool_jobs", "gauge", "Jobs per state (rejected: submissions), from directory scans.")
     for state, n in counts.items():
@@ -233,14 +236,23 @@ def _queue_gauges(
         "Running generation jobs by the state of their current attempt (submitted ... failed).",
     )
     from .kinds.generate.states import ORDER  # here: only this gauge needs the generation states
+    from .kinds.generate.watch import WAITING
 
     for state in ORDER:
         gens.add(generation_states.get(state, 0), worker=worker, state=state)
+    ages = Family(
+        "spool_generation_state_age_seconds",
+        "gauge",
+        "Seconds the longest-waiting running generation has been in each state its provider holds "
+        "(submitted ... stored); 0 when none.",
+    )
+    for state in WAITING:
+        ages.add(round((generation_ages or {}).get(state, 0.0), 1), worker=worker, state=state)
     written = Family(
         "spool_metrics_written_timestamp_seconds", "gauge", "When this worker last wrote its metrics file."
     )
     written.add(round(now, 3), worker=worker)
-    return [jobs, oldest, fam, gens, written]
+    return [jobs, oldest, fam, gens, ages, written]
 
 
 # -- a daemon's view: list a folder only when it changed ------------------------------------
@@ -389,28 +401,36 @@ class QueueView:
             {s: counts[s] for s in order},
             oldest_age,
             self._beats(own, now),
-            self._generation_states(running),
+            *self._generation_states(running),
         )
         return [*gauges, *self._library(own.worker, now)]
 
-    def _generation_states(self, running: list[tuple[str, float]]) -> dict[str, int]:
-        """Running generations by state: the daemon's own from memory
-        (:func:`spool.kinds.generate.states.known_state`), any other job from its files (a
-        listing of ``attempts/J/`` and a look at ``gen/``)."""
+    def _generation_states(self, running: list[tuple[str, float]]) -> tuple[dict[str, int], dict[str, float]]:
+        """Running generations by state, and the oldest age in each: the daemon's own from
+        memory (:func:`spool.kinds.generate.states.known_state`), any other job from its
+        files (a listing of ``attempts/J/`` and a look at ``gen/``)."""
         from .kinds.generate import states as generation  # here: only this gauge needs them
 
         mine: dict[str, int] = {}
+        ages: dict[str, float] = {}
         rows = []
+        now = time.time()
         for jid, _ in running:
             known = generation.known_state(jid)
             if known is not None:
                 mine[known[1]] = mine.get(known[1], 0) + 1
+                since = generation.known_since(jid)
+                if since is not None:
+                    ages[known[1]] = max(ages.get(known[1], 0.0), now - since)
             else:
                 rows.append({"job_id": jid, "attempt": overview.latest_attempt(self.tree, jid)})
-        states = overview.generation_states(self.tree, rows)
+        gw = overview.generation_watch(self.tree, rows, None)
+        states = dict(gw.counts) if gw is not None else {}
         for state, n in mine.items():
             states[state] = states.get(state, 0) + n
-        return states
+        for state, age in gw.oldest.items() if gw is not None else ():
+            ages[state] = max(ages.get(state, 0.0), age)
+        return states, ages
 
     def _running(self, now: float) -> list[tuple[str, float]]:
         """(job ID, ctime) of every job in ``running/<worker>/``."""

@@ -361,21 +361,41 @@ def running_rows(tree: Tree, scan: QueueScan) -> list[dict[str, Any]]:
     return rows
 
 
-def generation_states(tree: Tree, running: list[dict[str, Any]]) -> dict[str, int]:
-    """Attempts per generation state (``submitted`` ... ``failed``) across the
-    running jobs that are generations: one listing of each one's ``gen/``."""
+def generation_watch(tree: Tree, running: list[dict[str, Any]], cfg: Config | None) -> Any:
+    """The running generations by state, the oldest age in each state, and the stale ones
+    (:mod:`spool.kinds.generate.watch`); ``None`` when no running job has begun an attempt."""
     if not any(row["attempt"] is not None for row in running):
-        return {}
-    from .kinds.generate import states as generation  # here: only the generation block needs it
+        return None
+    from .kinds.generate import watch  # here: only the generation block needs it
 
-    counts: dict[str, int] = {}
-    for row in running:
-        if row["attempt"] is None:
-            continue
-        state = generation.current_state(generation.gen_dir(tree.attempt_dir(row["job_id"], row["attempt"])))
-        if state is not None:
-            counts[state] = counts.get(state, 0) + 1
-    return {s: counts[s] for s in generation.ORDINAL if s in counts}
+    ceilings = {n: c.polling.ceiling for n, c in cfg.provider_configs.items()} if cfg is not None else {}
+    return watch.watch(tree, running, ceilings)
+
+
+def generation_states(tree: Tree, running: list[dict[str, Any]]) -> dict[str, int]:
+    """Attempts per generation state (``submitted`` ... ``failed``) across the running jobs."""
+    w = generation_watch(tree, running, None)
+    return w.counts if w is not None else {}
+
+
+def stale_attention(stale: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A generation the provider has said nothing about for several polling ceilings."""
+    items = []
+    for s in stale:
+        last = f"; last status {s['last_status']}" if s["last_status"] else ""
+        errs = f"; {s['errors']} failed request(s) in a row" if s["errors"] else ""
+        job = f" (provider job {s['provider_job_id']})" if s["provider_job_id"] else ""
+        items.append(
+            {
+                "kind": "generation",
+                "subject": s["job_id"],
+                "problem": f"no answer from provider {s['provider']!r} for {s['silent']:.0f} s{job}: "
+                f"attempt {s['attempt']} {s['state']} for {s['state_age']:.0f} s{last}{errs}",
+                "next_action": "Check the provider's status page; the attempt ends at its deadline by itself "
+                f"(spool cancel {s['job_id']} ends it now and cancels it at the provider).",
+            }
+        )
+    return items
 
 
 def last_failure(tree: Tree, job_id: str) -> Failure | None:
@@ -742,7 +762,8 @@ def overview(
     rejected = rejected_rows(tree, scan)
     workers = worker_rows(tree, cfg, now, running)
     disk = disk_state(tree)
-    gens = generation_states(tree, running)
+    gw = generation_watch(tree, running, None if callable(cfg) else cfg)
+    gens = gw.counts if gw is not None else {}
     return {
         "spool": str(tree.root),
         "generated_at": now,
@@ -753,7 +774,8 @@ def overview(
         "oldest_age": scan.oldest_age,
         "running": running,
         "attention": attention(scan.counts, workers, failed, rejected, disk)
-        + quarantine_attention(tree, scan),
+        + quarantine_attention(tree, scan)
+        + stale_attention(gw.stale if gw is not None else []),
         "disk": disk,
         "failed": failed,
         "rejected": rejected,
@@ -761,6 +783,7 @@ def overview(
         "recent": recent_outputs(tree, recent),
         "library": _library_stats(tree),
         **({"generations": gens} if gens else {}),  # only while generations run
+        **({"generation_ages": {k: round(v, 1) for k, v in gw.oldest.items()}} if gw and gw.oldest else {}),
     }
 
 

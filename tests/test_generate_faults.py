@@ -422,3 +422,44 @@ def test_a_deadline_never_deletes_a_runway_task_that_finished(tree, sim, daemons
     assert job_state(tree, jid) == "failed"
     stats = sim.stats()
     assert stats.get("cancel", 0) == 1 and stats.get("deleted_succeeded", 0) == 0
+
+
+# -- what the operator sees ------------------------------------------------------------------------
+
+
+def test_a_generation_the_provider_says_nothing_about_needs_attention_with_its_age(tree, sim, daemons):
+    configure(tree, sim, request_timeout=0.5)
+    prompt = "silent provider #fault=slow:2 #fault=never"
+    jid = submit(tree, gen_sub("gen-silent", prompt))
+    d = daemons(tree, env=ENV)
+
+    def flagged() -> Any:
+        st = json.loads(run_cli("status", "--json", spool=tree, check=True).stdout)
+        items = [a for a in st["attention"] if a["kind"] == "generation" and a["subject"] == jid]
+        return (items, st) if items else None
+
+    items, st = wait_for(flagged, timeout=30)
+    assert "no answer from provider 'sim'" in items[0]["problem"] and "generating for" in items[0]["problem"]
+    assert st["generation_ages"]["generating"] >= 0.9 and st["generations"] == {"generating": 1}
+    human = run_cli("status", spool=tree, check=True).stdout
+    assert "no answer from provider" in human and "starting" not in human
+    d.signal(15)
+    assert d.wait(timeout=30) == 0
+
+
+def test_fsck_names_a_generation_left_running_at_the_provider_by_a_failed_job(tree, sim, daemons):
+    configure(tree, sim)
+    settings.write(tree.config_file, {"limits": {"max_attempts": 1}})
+    prompt = "left behind #fault=never"
+    jid = submit(tree, gen_sub("gen-left", prompt))
+    d = daemons(tree, env=ENV)
+    wait_for(lambda: gen_view(tree, jid).state == "generating", timeout=30)
+    d.kill()
+    r = run_cli("recover", "--force", spool=tree)  # no driver here; attempts used up: it fails
+    assert r.returncode == 0, r.stderr
+    assert job_state(tree, jid) == "failed"
+    pid = gen_view(tree, jid).record.provider_job_id
+    out = run_cli("fsck", "--json", spool=tree)
+    assert out.returncode != 0
+    found = [p for p in json.loads(out.stdout)["problems"] if p["invariant"] == 10]
+    assert len(found) == 1 and pid in found[0]["problem"] and "cancel" in found[0]["repair"]

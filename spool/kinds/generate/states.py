@@ -60,6 +60,7 @@ import hashlib
 import os
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -268,18 +269,19 @@ class View:
 
 
 #: What this process last wrote or read of each generation attempt, by job ID:
-#: (attempt, state). The metrics gauge counts the daemon's own generations from it
+#: (attempt, state, since when). The metrics gauge counts the daemon's own generations from it
 #: instead of a listing of ``attempts/J/`` and a file check of ``gen/`` each at
 #: every write (10,000 in flight cost 0.3 s of CPU per write on a local disk, and
 #: seconds of round trips on a NAS). Terminal states leave it, so it holds at most
 #: the generations in flight. It lags only a move made by another process (a
 #: contender on another host), until this one next reads the attempt.
-_known: dict[str, tuple[int, str]] = {}
+_known: dict[str, tuple[int, str, float]] = {}
 _known_lock = threading.Lock()
 
 
 def _note(gen: Path, state: str | None) -> None:
-    """Remember the state of the attempt whose ``gen/`` this is (see :data:`_known`)."""
+    """Remember the state of the attempt whose ``gen/`` this is, and since when this
+    process has seen it in it (see :data:`_known`)."""
     attempt_dir = gen.parent
     try:
         n = int(attempt_dir.name)
@@ -292,14 +294,21 @@ def _note(gen: Path, state: str | None) -> None:
             return  # an older attempt (a late-completion audit): the newer one is current
         if state is None or state in ("indexed", "failed"):
             _known.pop(jid, None)
-        else:
-            _known[jid] = (n, state)
+        elif had is None or had[:2] != (n, state):
+            _known[jid] = (n, state, time.time())
 
 
 def known_state(job_id: str) -> tuple[int, str] | None:
     """(attempt, state) of a generation this process is moving, from memory; ``None``
     if it moves none for this job (ask the files: :func:`current_state`)."""
-    return _known.get(job_id)
+    got = _known.get(job_id)
+    return None if got is None else (got[0], got[1])
+
+
+def known_since(job_id: str) -> float | None:
+    """Since when (epoch seconds) this process has seen the job's attempt in its state."""
+    got = _known.get(job_id)
+    return None if got is None else got[2]
 
 
 def gen_dir(attempt_dir: Path) -> Path:
