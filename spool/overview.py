@@ -764,6 +764,9 @@ def overview(
     disk = disk_state(tree)
     gw = generation_watch(tree, running, None if callable(cfg) else cfg)
     gens = gw.counts if gw is not None else {}
+    for row in running:  # what a job with no render progress is doing (a generation's state)
+        if gw is not None and row["job_id"] in gw.jobs:
+            row["step"] = gw.jobs[row["job_id"]]
     return {
         "spool": str(tree.root),
         "generated_at": now,

@@ -75,9 +75,9 @@ def _age(seconds: float | None) -> str:
     return "-" if seconds is None else human_seconds(seconds)
 
 
-def _progress_cells(p: Progress | None) -> list[RenderableType]:
+def _progress_cells(p: Progress | None, step: str | None = None) -> list[RenderableType]:
     if p is None:
-        return [Text("starting", style="dim"), Text(""), Text(""), Text(""), Text("")]
+        return [Text(step or "starting", style="dim"), Text(""), Text(""), Text(""), Text("")]
     pct = p.percent
     return [
         ProgressBar(total=100.0, completed=pct or 0.0, width=24, pulse=pct is None),
@@ -134,7 +134,7 @@ def status_view(ov: dict[str, Any]) -> Group:
             table.add_row(
                 Text("  " + r["job_id"]),
                 Text(r["worker"], style="dim"),
-                *_progress_cells(r["progress"]),
+                *_progress_cells(r["progress"], r.get("step")),
                 Text(f"for {human_seconds(r['seconds'])}", style="dim"),
             )
         parts.append(table)

@@ -60,8 +60,8 @@
       h("tbody", {}, rows.map((cells) => h("tr", {}, cells.map((c) => h("td", {}, c))))));
   }
 
-  function progressCells(p) {
-    if (!p) return [h("span", { class: "dim" }, "starting"), "", "", ""];
+  function progressCells(p, step) {
+    if (!p) return [h("span", { class: "dim" }, step || "starting"), "", "", ""];
     const pct = p.percent;
     return [
       [pct === null ? h("progress", { max: 100 }) : h("progress", { max: 100, value: pct }), " ",
@@ -97,7 +97,7 @@
       gens.length ? h("p", { class: "dim", id: "generations" }, "generations: " + gens.map(([s, n]) => `${s} ${n}`).join(", ")) : "",
       d.running.length
         ? table(["job", "worker", "progress", "fps", "speed", "ETA", "for"],
-          d.running.map((r) => [jobLink(r.job_id), r.worker, ...progressCells(r.progress), ago(r.seconds)]))
+          d.running.map((r) => [jobLink(r.job_id), r.worker, ...progressCells(r.progress, r.step), ago(r.seconds)]))
         : empty("Nothing is running."));
 
     const more = [];

@@ -38,6 +38,8 @@ class Watch:
     #: state -> seconds the longest-waiting attempt has been in it.
     oldest: dict[str, float] = field(default_factory=dict)
     stale: list[dict[str, Any]] = field(default_factory=list)
+    #: job ID -> the state of its current attempt (what ``spool status`` shows for it).
+    jobs: dict[str, str] = field(default_factory=dict)
 
 
 def _record_age(gen: Path, state: str, now: float) -> float | None:
@@ -63,6 +65,7 @@ def watch(
         if state is None:
             continue
         out.counts[state] = out.counts.get(state, 0) + 1
+        out.jobs[row["job_id"]] = state
         if state not in WAITING:
             continue
         age = _record_age(gen, state, now)
