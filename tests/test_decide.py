@@ -3,7 +3,7 @@
 A table: each row is the evidence a crashed attempt can leave and the decision
 that must follow. The SIGKILL tests (test_recover.py) reach most rows through a
 real daemon; this table reaches every row, including the ones no crash point
-produces (a recorded failure or interruption, exhausted attempts).
+gives (a recorded failure or interruption, exhausted attempts).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Paid generation under the provider faults real services produce (SPEC 11, invariant 10).
+"""Paid generation under the provider faults real services show every day (SPEC 11, invariant 10).
 
 Each test drives a real ``spoold`` against ``tools/provsim.py`` misbehaving one way,
 then audits the job from both sides (:func:`genhelp.audit`): at most one prediction

@@ -97,12 +97,12 @@ def test_cancel_pending_and_held_jobs(tree, assets):
     a = _submit(tree, assets, "waiting")
     b = _submit(tree, assets, "aside")
     assert run_cli("hold", b, spool=tree).returncode == 0
-    assert run_cli("cancel", a, "--by", "producer", spool=tree).returncode == 0
+    assert run_cli("cancel", a, "--by", "an editor", spool=tree).returncode == 0
     assert run_cli("cancel", b, spool=tree).returncode == 0
     for jid in (a, b):
         f = _show(tree, jid)["failure"]
         assert f["stage"] == "cancel" and f["property"] == "cancelled" and f["next_action"]
-    assert "producer" in _show(tree, a)["failure"]["message"]
+    assert "an editor" in _show(tree, a)["failure"]["message"]
     assert run_cli("cancel", a, spool=tree).returncode == 2  # already failed
     assert invariants.check(tree.root) == []
 

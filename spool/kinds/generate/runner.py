@@ -59,6 +59,8 @@ MAX_EFFECTS = 32
 #: at least this many, and for at least this many polling ceilings.
 AUDIT_LOOKS = 5
 AUDIT_CEILINGS = 2
+#: Effects that only gather evidence (and the progress hint): the durable state is unchanged.
+LIGHT = (workflow.Find, workflow.Poll, workflow.Cancel, workflow.Retrieve, workflow.Refresh)
 #: Seconds a gate's spending count is reused (one listing of the provider's submissions).
 GATE_CACHE = 1.0
 #: The longest a deferred job waits before it is looked at again (a limit of 0 never frees).
@@ -200,11 +202,16 @@ class Runner:
         policy = self.policy(table, client)
         gen = _gen(attempt)
         evidence: workflow.Evidence | None = None
+        view: View | None = None
+        dirty = False  # progress changed in memory, not yet written (a hint: written once a step)
         for _ in range(MAX_EFFECTS):
-            view = states.read(gen)
-            if view.pending:  # a decided transition cut off by a crash: finish it first
-                states.finish_pending(gen, view)
+            if view is None:
                 view = states.read(gen)
+                if view.pending:  # a decided transition cut off by a crash: finish it first
+                    states.finish_pending(gen, view)
+                    view = states.read(gen)
+                if view.progress is None:
+                    view.progress = Progress()
             t = time.time()
             facts = workflow.Facts(
                 now=t,
@@ -224,8 +231,10 @@ class Runner:
             if isinstance(eff, workflow.Wait):
                 return self._wait(gen, view, eff)
             if isinstance(eff, workflow.Retrieve) and abort is None:
+                self._save(gen, view, dirty)
                 return Next("transfer")
             if isinstance(eff, workflow.Publish):
+                self._save(gen, view, dirty)
                 dest = attempt.work / job.output.file
                 return Next("publish", produced=Produced(dest, self._took.pop(job.job_id, 0.0)))
             if isinstance(eff, workflow.Fail):
@@ -234,8 +243,22 @@ class Runner:
                 if eff.pause:
                     admission.pause(ctx.tree.root, name, eff.until, eff.reason)
                 raise Deferred(min(eff.until, t + DEFER_MAX), eff.reason)
-            evidence = self._perform(ctx, job, attempt, client, policy, view, step, abort)
+            if isinstance(eff, LIGHT):
+                # Evidence only: the durable state is as read, the progress changed in memory.
+                evidence = self._perform(ctx, job, attempt, client, policy, view, step, abort)
+                dirty = True
+            else:
+                self._save(gen, view, dirty)
+                dirty = False
+                evidence = self._perform(ctx, job, attempt, client, policy, view, step, abort)
+                view = None  # the effect moved the durable state: read it again
         raise RuntimeError(f"{job.job_id}: the generation workflow did not settle in {MAX_EFFECTS} effects")
+
+    @staticmethod
+    def _save(gen: Path, view: View, dirty: bool) -> None:
+        if dirty and view.progress is not None:
+            view.progress.updated_at = time.time()
+            states.save_progress(gen, view.progress)
 
     def _perform(
         self,
@@ -448,6 +471,9 @@ class Runner:
             )
             return
         spending.release(token)  # certainly made nothing
+        prog = states.read(gen).progress or Progress()
+        prog.updated_at = prog.evidence_at = t  # a clear answer: the provider is not silent
+        states.save_progress(gen, prog)
         states.log_create_result(
             gen,
             CreateResult(
@@ -486,7 +512,6 @@ class Runner:
     ) -> workflow.Evidence:
         from .providers.base import ProviderError
 
-        gen = _gen(attempt)
         prog = view.progress or Progress()
         offset = client.clock_offset or 0.0
         since = datetime.fromtimestamp(eff.since + offset - workflow.SKEW_UNMEASURED, UTC)
@@ -495,8 +520,6 @@ class Runner:
         except ProviderError as e:
             prog.tries += 1
             prog.errors += 1
-            prog.updated_at = time.time()
-            states.save_progress(gen, prog)
             if e.back_pressure:
                 self.pressure.hit(
                     policy.provider,
@@ -515,8 +538,7 @@ class Runner:
                 owners[m.id] = f"{entry.job} attempt {entry.attempt}" if entry is not None else None
         prog.finds += 1
         prog.tries = 0
-        prog.updated_at = time.time()
-        states.save_progress(gen, prog)
+        prog.evidence_at = time.time()
         return workflow.Found(eff.k, found, owners, client.clock_offset)
 
     def _adopt(
@@ -580,8 +602,6 @@ class Runner:
             prog.tries += 1
             prog.errors += 1
             prog.rate_limited += e.code == "rate_limited"
-            prog.updated_at = time.time()
-            states.save_progress(gen, prog)
             if e.back_pressure:
                 self.pressure.hit(
                     policy.provider,
@@ -600,8 +620,6 @@ class Runner:
         prog.tries = 0
         prog.last_provider_status = job.raw_status
         prog.evidence_at = t
-        prog.updated_at = t
-        states.save_progress(gen, prog)
         return workflow.Polled(job)
 
     def _cancel(self, client: Provider, eff: workflow.Cancel) -> workflow.Evidence:
@@ -673,12 +691,9 @@ class Runner:
             digest, size = sha256_file(dest)
             if digest == rec.sha256:
                 return workflow.Downloaded(size)
-        gen = _gen(attempt)
         prog = view.progress or Progress()
         prog.downloads += 1
         prog.next_at = None
-        prog.updated_at = time.time()
-        states.save_progress(gen, prog)
         started = time.monotonic()
         try:
             got = client.download(eff.url, dest, abort=abort, until=rec.intent.deadline_at + policy.grace)
@@ -700,8 +715,6 @@ class Runner:
             return workflow.DownloadFailed("disk_full", exc.strerror or "no space left", True)
         self._took[job.job_id] = time.monotonic() - started
         prog.bytes_retrieved = got.size
-        prog.updated_at = time.time()
-        states.save_progress(gen, prog)
         return workflow.Downloaded(got.size)
 
     def _aborted(self, ctx: Context, job: GenerateJob, attempt: Attempt, abort: Abort) -> None:
@@ -725,7 +738,6 @@ class Runner:
         if job.outputs:
             prog = view.progress or Progress()
             prog.output_url = job.outputs[0]
-            states.save_progress(gen, prog)
         return workflow.Refreshed(job, job.output_problem or "")
 
     def _wait(self, gen: Path, view: View, eff: workflow.Wait) -> Next:
