@@ -44,12 +44,14 @@ from spool.model import JobBase
 
 log = logging.getLogger("spoold.driver")
 
-#: Steps at once (each mostly waits for a remote answer or an fsync).
+#: Steps at once (each mostly waits for a remote answer or an fsync): admissions and polls
+#: of thousands of generations overlap on these.
 STEPS = 8
 #: Steps handed to the pool and not yet started, at most (the rest wait in the heap, in order).
 STEP_QUEUE = 64
-#: Transfers at once: each streams to disk within its kind's limits (rate, total time).
-TRANSFERS = 8
+#: Transfers at once: each streams to disk within its kind's limits (rate, total time), so
+#: a slow one ends by those limits and holds up the others only as long.
+TRANSFERS = 4
 #: Seconds between looks for cancel requests of the attempts in flight (at least; one
 #: look is a stat per attempt, so with many in flight it comes less often).
 CANCEL_LOOK = 0.5

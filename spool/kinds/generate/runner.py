@@ -108,6 +108,8 @@ class Runner:
         self._allowance: dict[str, tuple[float, spending.Allowance, int]] = {}
         #: provider -> reservations this process made (the gate subtracts those since its count)
         self._reserves: Counter[str] = Counter()
+        #: provider -> (the table, the workflow's policy made from it)
+        self._policies: dict[str, tuple[ProviderConfig, workflow.Policy]] = {}
         #: job ID -> seconds its download took (the publish path's "render seconds")
         self._took: dict[str, float] = {}
 
@@ -171,7 +173,12 @@ class Runner:
         )
 
     def policy(self, table: ProviderConfig, client: Provider) -> workflow.Policy:
-        return workflow.Policy(
+        """The workflow's view of a provider's settings (made once per table)."""
+        with self._lock:
+            got = self._policies.get(table.name)
+            if got is not None and got[0] is table:
+                return got[1]
+        made = workflow.Policy(
             provider=table.name,
             deadline=table.deadline_seconds,
             queue_deadline=table.queue_deadline_seconds,
@@ -184,6 +191,9 @@ class Runner:
             can_find=client.can_find,
             retries=policies(table),
         )
+        with self._lock:
+            self._policies[table.name] = (table, made)
+        return made
 
     # -- the driver's entry points ------------------------------------------------------------
     def step(self, ctx: Context, job: GenerateJob, attempt: Attempt) -> Next:
