@@ -140,10 +140,10 @@ def test_a_failing_listing_ends_the_lookup_as_ambiguous_within_the_deadline(tree
 
 
 def test_an_intent_older_than_the_providers_retention_is_never_created_again(tree, sim, daemons):
-    configure(tree, sim, retention=1, request_timeout=1.0, **{"retries.find.initial": 2.0})
+    configure(tree, sim, retention=0.3, request_timeout=1.0)
     prompt = "made, reply lost, looked up too late #fault=create_5xx_after"
     jid = submit(tree, gen_sub("gen-retention", prompt))
-    sim.control(list_fail=1)  # the first lookup fails; the next comes after the retention
+    sim.control(list_fail=1)  # the first lookup fails; the next waits the find policy's 0.5 s floor
     drain(tree, daemons)
     a = clean(tree, sim, jid, prompt)
     assert a.state == "failed" and a.requests == 1
