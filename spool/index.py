@@ -3,7 +3,13 @@
 Layout (all under the spool root, readable from a shell)::
 
     index/<tag>/<value>/<job_id>     one empty file per required tag of a published job
+    index/_sha256/<sha256>/<job_id>  one empty file per published job, by its output's hash
     library/<name>/<revision>        one small JSON record per published revision
+
+The ``_sha256`` entries index jobs by the object they publish (a tag key
+never starts with ``_``, so it cannot collide with a tag): ``spool get SHA``,
+``/download/<sha256>`` and ``/thumbs/<sha256>.jpg`` find the jobs of an
+object there to ask whether one of them is visible (:mod:`spool.visibility`).
 
 ``<value>`` is the tag value encoded by :func:`encode_value` so any Unicode
 string is a safe file name: the bytes ``A-Z a-z 0-9 _ -`` (and ``.`` when not
@@ -54,6 +60,9 @@ INDEX = "index"
 LIBRARY = "library"
 #: Longest encoded value kept whole; longer ones end in ``~<hash>``.
 MAX_NAME = 200
+
+#: The pseudo-tag under which every published job is indexed by its output's sha256.
+OBJECT_TAG = "_sha256"
 
 #: An asset name (the ``name`` of a job ID).
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,95}$")
@@ -124,8 +133,15 @@ def version_file(tree: Tree, name: str, revision: int) -> Path:
 
 
 def wanted(manifest: Manifest, required_tags: list[str]) -> list[tuple[str, str]]:
-    """(tag, value) pairs a manifest is indexed under: its required tags it has."""
-    return [(t, manifest.tags[t]) for t in required_tags if t in manifest.tags]
+    """(tag, value) pairs a manifest is indexed under: its required tags it has, and
+    its output's sha256 under :data:`OBJECT_TAG`."""
+    pairs = [(t, manifest.tags[t]) for t in required_tags if t in manifest.tags]
+    return [*pairs, (OBJECT_TAG, manifest.output.sha256)]
+
+
+def object_jobs(tree: Tree, digest: str) -> set[str]:
+    """Job IDs indexed as publishing the object ``digest`` (one listing)."""
+    return entries(tree, OBJECT_TAG, digest)
 
 
 def _touch(path: Path) -> bool:
@@ -244,8 +260,9 @@ def delays(tree: Tree) -> list[float]:
 
 
 def size(tree: Tree) -> tuple[int, int]:
-    """(tag entries, version records) on disk: the index size for status and metrics."""
-    tags = sum(1 for _ in _all_tag_entries(tree))
+    """(tag entries, version records) on disk: the index size for status and metrics
+    (the ``_sha256`` object entries, one per version, are not tag entries)."""
+    tags = sum(1 for t, _, _ in _all_tag_entries(tree) if t != OBJECT_TAG)
     versions = sum(len(revisions(tree, n)) for n in names(tree))
     return tags, versions
 

@@ -37,6 +37,7 @@ from typing import Any
 import msgspec
 
 from . import enrich, index, store, thumbs
+from . import visibility as vis
 from .config import Config
 from .errors import InvalidInput, NotFound, NotReady, SpoolError
 from .index import NAME_RE, split_job_id
@@ -221,10 +222,6 @@ def _present(tree: Tree, m: Manifest) -> bool:
         return False
 
 
-def allowed_visibility(cfg: Config, widen: Iterable[str] = ()) -> set[str]:
-    return set(cfg.library.visible) | set(widen)
-
-
 def search(
     tree: Tree,
     cfg: Config,
@@ -233,15 +230,18 @@ def search(
     all_versions: bool = False,
     visibility: Iterable[str] = (),
     limit: int | None = None,
+    rule: vis.Rule | None = None,
 ) -> Result:
-    """Every asset version the query matches (current ones unless ``all_versions``)."""
+    """Every asset version the query matches (current ones unless ``all_versions``),
+    visible under ``rule`` (default: ``[library] visible`` widened by ``visibility``)."""
     required = cfg.acceptance.required_tags
     indexed = [(t, v) for t, v in query.tags.items() if t in required]
     if query.tags and not indexed:
         raise InvalidInput(
             next(iter(query.tags)), f"is not an indexed tag; search needs one of: {', '.join(required)}"
         )
-    allowed = allowed_visibility(cfg, visibility)
+    if rule is None:
+        rule = vis.rule(cfg, visibility)
     candidates: Iterable[str]
     if indexed:
         candidates = sorted(_intersect(tree, indexed), key=_order)
@@ -262,7 +262,7 @@ def search(
         m = _manifest(tree, jid)
         if m is None or any(m.tags.get(t) != v for t, v in query.tags.items()):
             continue
-        if m.tags.get("visibility") not in allowed:
+        if not rule.admits(m.tags):
             continue  # fails closed: no visibility tag is not an allowed one
         if not _present(tree, m):
             continue  # never print a hit whose object is missing (fsck reports it)
@@ -335,12 +335,15 @@ def _jobs_of_name(tree: Tree, name: str) -> set[int]:
     return revs | set(index.revisions(tree, name))
 
 
-def versions(tree: Tree, name: str) -> list[Version]:
-    """Every revision of an asset with its state; empty if the name is unknown."""
+def versions(tree: Tree, name: str, rule: vis.Rule | None = None) -> list[Version]:
+    """Every revision of an asset with its state, only those visible under ``rule``
+    when one is given; empty if the name is unknown (or nothing of it is visible)."""
     cur = current_revision(tree, name)
     out = []
     for rev in sorted(_jobs_of_name(tree, name)):
         jid = f"{name}@{rev}"
+        if rule is not None and not admitted(tree, rule, jid):
+            continue
         loc = locate(tree, jid)
         entry = index.read_version(tree, name, rev)
         out.append(
@@ -354,6 +357,45 @@ def versions(tree: Tree, name: str) -> list[Version]:
             )
         )
     return out
+
+
+# -- visibility (spool.visibility: the one rule) ------------------------------------------
+
+
+def job_tags(tree: Tree, jid: str) -> dict[str, str] | None:
+    """A job's tags: from its manifest once published, else from its job file."""
+    m = _manifest(tree, jid)
+    if m is not None:
+        return m.tags
+    from .kinds import decode_job
+
+    loc = locate(tree, jid)
+    if loc is None:
+        return None
+    try:
+        return decode_job(loc.path.read_bytes()).tags
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return None  # unreadable: fails closed
+
+
+def admitted(tree: Tree, rule: vis.Rule, jid: str) -> bool:
+    """Whether the job ``jid`` is visible under ``rule`` (an unknown job is not)."""
+    return rule.admits(job_tags(tree, jid))
+
+
+def visible_object(tree: Tree, rule: vis.Rule, digest: str) -> Manifest | None:
+    """The manifest of a complete, indexed job that publishes the object ``digest`` and
+    is visible under ``rule`` (the first by job ID), or ``None``: the object is then
+    invisible to this reader, whether or not it exists."""
+    if not _SHA.match(digest):
+        return None
+    for jid in sorted(index.object_jobs(tree, digest)):
+        if not JOB_ID_RE.match(jid) or not os.path.exists(f"{tree.root}/complete/{jid}.json"):
+            continue
+        m = _manifest(tree, jid)
+        if m is not None and m.output.sha256 == digest and rule.admits(m.tags) and index.is_indexed(tree, jid):
+            return m
+    return None
 
 
 # -- get -----------------------------------------------------------------------------
@@ -386,7 +428,15 @@ def _by_job(tree: Tree, jid: str) -> Got:
     return Got(jid, m.output.sha256, tree.root / m.output.store_path, m.output.file)
 
 
-def _by_sha(tree: Tree, digest: str) -> Got | None:
+def _by_sha(tree: Tree, digest: str, rule: vis.Rule | None = None) -> Got | None:
+    if rule is not None:
+        m = visible_object(tree, rule, digest)
+        if m is None:
+            return None
+        path = tree.root / m.output.store_path
+        if store.sha256_file(path)[0] != digest:
+            raise SpoolError(f"store object {digest} does not hash to its name (run spool fsck)")
+        return Got(m.job_id, digest, path, m.output.file)
     folder = tree.store / "sha256" / digest[:2]
     try:
         found = sorted(n for n in os.listdir(folder) if n.startswith(digest) and not n.startswith("."))
@@ -401,20 +451,29 @@ def _by_sha(tree: Tree, digest: str) -> Got | None:
     return Got(None, digest, path, found[0])
 
 
-def resolve(tree: Tree, ref: str) -> Got:
+def resolve(tree: Tree, ref: str, rule: vis.Rule | None = None) -> Got:
     """The verified file of a job (``name@rev``), of a name's current version, or of
-    a sha256. Raises NotReady (exit 3), NotFound (exit 4), InvalidInput (exit 2)."""
+    a sha256. Raises NotReady (exit 3), NotFound (exit 4), InvalidInput (exit 2).
+
+    With a ``rule`` (:mod:`spool.visibility`), only what it admits is found: an
+    invisible job, name or object is answered exactly as an unknown one."""
     if JOB_ID_RE.match(ref):
+        if rule is not None and not admitted(tree, rule, ref):
+            raise NotFound(f"no job {ref}")
         return _by_job(tree, ref)
     if _SHA.match(ref):
-        got = _by_sha(tree, ref)
+        got = _by_sha(tree, ref, rule)
         if got is not None:
             return got
     if NAME_RE.match(ref):
         cur = current_revision(tree, ref)
-        if cur is not None:
+        if cur is not None and (rule is None or admitted(tree, rule, f"{ref}@{cur}")):
             return _by_job(tree, f"{ref}@{cur}")
-        waiting = [v for v in versions(tree, ref) if v.state in ("pending", "held", "running", "complete")]
+        waiting = [
+            v
+            for v in versions(tree, ref, rule)
+            if v.state in ("pending", "held", "running") or (v.state == "complete" and not v.indexed)
+        ]
         if waiting:
             states = ", ".join(f"{v.job} {v.state}" for v in waiting)
             raise NotReady(f"{ref} is not ready: no published version yet ({states})")

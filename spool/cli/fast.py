@@ -254,13 +254,22 @@ def search(
         )
 
 
-def get(ref: str, spool: Path | None, as_json: bool, to: Path | None = None, link: bool = False) -> None:
-    """``spool get``: the path of a verified published file, or a verified copy in ``to``."""
+def get(
+    ref: str,
+    spool: Path | None,
+    as_json: bool,
+    to: Path | None = None,
+    link: bool = False,
+    visibility: list[str] | None = None,
+) -> None:
+    """``spool get``: the path of a verified published file, or a verified copy in ``to``;
+    only what ``[library] visible`` (widened by ``visibility``) admits."""
     from .. import library
+    from .. import visibility as vis
 
-    tree = open_spool(spool, as_json)[0]
+    tree, cfg = open_spool(spool, as_json)
     try:
-        got = library.resolve(tree, ref)
+        got = library.resolve(tree, ref, vis.rule(cfg, visibility or ()))
         path = library.copy_to(got, to, link=link) if to is not None else got.path
     except SpoolError as exc:
         raise fail(exc, as_json) from None
@@ -272,17 +281,16 @@ def get(ref: str, spool: Path | None, as_json: bool, to: Path | None = None, lin
     echo(str(path))
 
 
-def show_asset(name: str, spool: Path | None, as_json: bool) -> None:
-    """``spool show NAME`` (no ``@``): the versions of an asset and which one is current."""
+def show_asset(name: str, spool: Path | None, as_json: bool, visibility: list[str] | None = None) -> None:
+    """``spool show NAME`` (no ``@``): the versions of an asset and which one is current;
+    only versions ``[library] visible`` (widened by ``visibility``) admits."""
     from .. import library
+    from .. import visibility as vis
     from ..model import Manifest
     from ..records import read
 
-    try:
-        tree = open_tree(spool)
-    except SpoolError as exc:
-        raise fail(exc, as_json) from None
-    vs = library.versions(tree, name)
+    tree, cfg = open_spool(spool, as_json)
+    vs = library.versions(tree, name, vis.rule(cfg, visibility or ()))
     if not vs:
         raise fail(NotFound(f"no asset or job {name} in {tree.root}"), as_json)
     if as_json:
@@ -335,7 +343,7 @@ FLAGS = {
     "search": {"--json", "--all-versions", "--enrich"},
     "get": {"--json", "--link"},
 }
-VALUED = {"search": {"--limit", "--visibility"}, "get": {"--to"}}
+VALUED = {"search": {"--limit", "--visibility"}, "get": {"--to", "--visibility"}, "show": {"--visibility"}}
 #: Valued options that may be given more than once (each adds a value).
 REPEATABLE = {"--visibility"}
 
@@ -417,7 +425,8 @@ def _command(
     if command == "show" and len(args) == 1:
         if "@" in args[0]:
             return partial(show, args[0], where, as_json)
-        return partial(show_asset, args[0], where, as_json)  # an asset name: the library
+        # an asset name: the library
+        return partial(show_asset, args[0], where, as_json, values.get("--visibility"))
     if command == "submit" and args and all(_click_accepts(a) for a in args):
         return partial(submit, [Path(a) for a in args], where, as_json)
     if command == "search":
@@ -427,5 +436,13 @@ def _command(
         )
     if command == "get" and len(args) == 1:
         to = values.get("--to")
-        return partial(get, args[0], where, as_json, Path(to[0]) if to else None, "--link" in given)
+        return partial(
+            get,
+            args[0],
+            where,
+            as_json,
+            Path(to[0]) if to else None,
+            "--link" in given,
+            values.get("--visibility"),
+        )
     return None

@@ -50,11 +50,16 @@ def get_cmd(
         bool,
         typer.Option("--link", help="With --to: hard-link instead of copying (shares the store's file)."),
     ] = False,
+    visibility: Annotated[
+        list[str] | None,
+        typer.Option("--visibility", help="Also find this visibility (repeatable); see [library] visible."),
+    ] = None,
     spool: SpoolOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Print the path of a verified published file, or put a verified copy into --to."""
-    fast.get(ref, spool, as_json, to, link)
+    """Print the path of a verified published file, or put a verified copy into --to;
+    an asset [library] visible does not admit is not found (exit 4)."""
+    fast.get(ref, spool, as_json, to, link, visibility)
 
 
 @app.command("enrich")

@@ -76,12 +76,18 @@ def ls_cmd(
 @app.command()
 def show(
     job: Annotated[str, typer.Argument(help="Job ID (name@revision), or an asset name for its versions.")],
+    visibility: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--visibility", help="With an asset name: also list this visibility (repeatable)."
+        ),
+    ] = None,
     spool: SpoolOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """One job: its timeline, attempts, failure, manifest and approvals."""
     if "@" not in job:  # an asset name: its versions (the library, SPEC 9)
-        return fast.show_asset(job, spool, as_json)
+        return fast.show_asset(job, spool, as_json, visibility)
     fast.show(job, spool, as_json)
 
 
