@@ -13,7 +13,7 @@ from ..index import NAME_RE
 from ..model import JOB_ID_RE
 from ..tree import Tree
 from . import fast
-from .common import JsonOpt, SpoolOpt, app, fail, open_spool, print_json
+from .common import JsonOpt, SpoolOpt, app, fail, open_spool, print_json, printable
 
 
 @app.command("search")
@@ -94,9 +94,8 @@ def enrich_cmd(
         return
     for row in out:
         notes = "; ".join(f"{k}: {v}" for k, v in sorted(row["notes"].items()))
-        typer.echo(
-            f"{row['job']}\t{row['sha256'][:12]}\t{','.join(row['done'])}" + (f"\t({notes})" if notes else "")
-        )
+        fields = [row["job"], row["sha256"][:12], ",".join(row["done"])] + ([f"({notes})"] if notes else [])
+        typer.echo("\t".join(map(printable, fields)))
 
 
 def _targets(tree: Tree, cfg: Any, refs: list[str]) -> list[tuple[str, library.Got]]:
@@ -150,7 +149,8 @@ def index_cmd(
         )
     else:
         for f in findings:
-            typer.echo(f"{'repaired' if f.repaired else 'found'}\t{f.path}: {f.problem}")
+            verb = "repaired" if f.repaired else "found"
+            typer.echo(f"{verb}\t{printable(f.path)}: {printable(f.problem)}")
         typer.echo(f"index: {tags} tag entries, {versions} versions")
         if delay:
             typer.echo(f"stored -> indexed: median {delay['median']:.4f} s, max {delay['max']:.4f} s")
