@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .faults import crashpoint
-from .model import JOB_ID_RE, Manifest, Record, decode, encode, now
+from .model import JOB_ID_RE, Manifest, MediaInfo, Record, decode, encode, now
 from .tree import Tree, fsync_dir, make_dirs, visible_names, write_atomic
 
 if TYPE_CHECKING:
@@ -90,6 +90,8 @@ class VersionEntry(Record, kw_only=True):
     store_path: str
     published_at: datetime
     indexed_at: datetime
+    #: What the gate measured of the output (the manifest's ``validation.media``).
+    media: MediaInfo | None = None
 
 
 def encode_value(value: str) -> str:
@@ -187,6 +189,7 @@ def index_job(tree: Tree, manifest: Manifest, required_tags: list[str]) -> None:
         store_path=manifest.output.store_path,
         published_at=manifest.published_at,
         indexed_at=now(),
+        media=manifest.validation.media,
     )
     try:
         write_atomic(vf, encode(entry), mode=0o444, replace=False)

@@ -8,20 +8,29 @@ never becomes current.
 
 Search terms (``spool search``):
 
-* ``TAG=VALUE``: the asset's tag equals VALUE exactly (at least one tag term
-  must name an indexed tag, ``[acceptance] required_tags``, unless the query
-  has no tag terms at all, which lists every asset);
+* ``TAG=VALUE`` (or ``tag:TAG=VALUE``): the asset's tag equals VALUE exactly,
+  both in Unicode NFC (at least one tag term must name an indexed tag,
+  ``[acceptance] required_tags``, unless the query has no tag terms at all,
+  which lists every asset);
 * ``FIELD<N``, ``FIELD<=N``, ``FIELD>N``, ``FIELD>=N``, ``FIELD=N``,
-  ``FIELD!=N`` for an enrichment field (:data:`spool.enrich.FIELDS`, or a
-  plug-in's ``name.key``): numeric comparison (``=``/``!=`` also compare
-  text for plug-in values). A term is split at its first ``<``, ``>``, ``!``
-  or ``=``; enrichment field names win over tag names.
+  ``FIELD!=N``: a numeric comparison on what the gate measured at publish
+  (:data:`MEDIA_NUMBERS`: ``width>=1080``, ``duration<=15``), on an
+  enrichment field (:data:`spool.enrich.FIELDS`) or a plug-in's
+  ``name.key`` (``=``/``!=`` also compare text for plug-in values);
+* ``FIELD=TEXT`` and ``FIELD!=TEXT`` for the gate's text fields
+  (:data:`MEDIA_TEXT`: ``codec=h264``, ``container=mov``), case-insensitive.
+
+A term is split at its first ``<``, ``>``, ``!`` or ``=``; field names win
+over tag names (``tag:`` says a tag); a dotted name no plug-in provides is an
+error naming the known fields.
 
 All terms are ANDed. Hits are checked before they are returned: the job is
 complete, its manifest has exactly the queried tags, its visibility is
-allowed, and its store file exists with the manifest's size. An asset whose
-enrichment cannot judge a comparison is counted in ``partial`` by field,
-never silently dropped.
+allowed (:mod:`spool.visibility`), its store file exists with the manifest's
+size, and every comparison holds for the values its manifest (the gate's
+measurement of the verified object) or its enrichment record gives. An asset
+neither can judge a comparison on is counted in ``partial`` by field, never
+silently dropped and never a hit.
 """
 
 from __future__ import annotations
@@ -41,13 +50,36 @@ from . import visibility as vis
 from .config import Config
 from .errors import InvalidInput, NotFound, NotReady, SpoolError
 from .index import NAME_RE, split_job_id
-from .model import JOB_ID_RE, Manifest
+from .model import JOB_ID_RE, Manifest, MediaInfo
 from .records import read
 from .status import library_counts, locate, running_workers
 from .tree import Tree, fsync_dir, temp_name
+from .visibility import nfc
 
-_TERM = re.compile(r"^(?P<field>[a-z][a-z0-9_.-]{0,63})(?P<op><=|>=|!=|<|>|=)(?P<value>.*)$", re.S)
+_TERM = re.compile(
+    r"^(?P<tag>tag:)?(?P<field>[a-z][a-z0-9_.-]{0,63})(?P<op><=|>=|!=|<|>|=)(?P<value>.*)$", re.S
+)
 _SHA = re.compile(r"^[0-9a-f]{64}$")
+
+#: Numeric fields the gate measures at publish (:class:`spool.model.MediaInfo`), searchable at
+#: once; for a version published before the gate recorded them, enrichment answers the same.
+MEDIA_NUMBERS = {
+    "duration": "duration",
+    "width": "width",
+    "height": "height",
+    "fps": "fps",
+    "channels": "audio_channels",
+    "loudness": "loudness",
+}
+#: Text fields the gate measures, compared with ``=`` and ``!=`` (case-insensitively).
+#: ``codec`` is the video codec, or the audio codec of a file without video.
+MEDIA_TEXT = {
+    "container": "container",
+    "codec": "codec",
+    "video_codec": "video_codec",
+    "audio_codec": "audio_codec",
+    "pix_fmt": "pix_fmt",
+}
 
 
 @dataclass(frozen=True)
@@ -59,6 +91,8 @@ class Comparison:
     def test(self, actual: Any) -> bool:
         if isinstance(self.value, str) or isinstance(actual, str):
             a, b = str(actual), str(self.value)
+            if self.field in MEDIA_TEXT:
+                a, b = a.casefold(), b.casefold()
             return a == b if self.op == "=" else a != b if self.op == "!=" else False
         x, y = float(actual), self.value
         return {
@@ -77,8 +111,20 @@ class Query:
     comparisons: list[Comparison] = field(default_factory=list)
 
 
+def known_fields(plugin_names: Iterable[str] = ()) -> list[str]:
+    """Every field a comparison may name (plug-ins as ``name.*``), for error messages."""
+    fields = {*MEDIA_NUMBERS, *MEDIA_TEXT, *enrich.FIELDS}
+    return sorted(fields) + [f"{p}.*" for p in sorted(plugin_names)]
+
+
 def parse_terms(terms: Iterable[str], plugin_names: Iterable[str] = ()) -> Query:
-    """Pure: search terms -> a query; a bad term raises :class:`InvalidInput` naming it."""
+    """Pure: search terms -> a query; a bad term raises :class:`InvalidInput` naming it.
+
+    Values are compared in Unicode NFC, as tags are stored. A field name with a dot
+    is a plug-in's (``classifier.label``): one no installed plug-in provides is an
+    error naming the known fields, never a tag filter that silently matches
+    nothing. ``tag:KEY=VALUE`` is always a tag (a tag named like a field, or with
+    a dot in its name)."""
     plugin_names = list(plugin_names)
     tags: dict[str, str] = {}
     comps: list[Comparison] = []
@@ -88,16 +134,33 @@ def parse_terms(terms: Iterable[str], plugin_names: Iterable[str] = ()) -> Query
             raise InvalidInput(
                 term, "is not a search term (TAG=VALUE, or FIELD<N with one of < <= > >= = != )"
             )
-        fld, op, raw = m.group("field"), m.group("op"), m.group("value")
-        if enrich.enricher_of(fld, plugin_names) is not None:
+        fld, op, raw = m.group("field"), m.group("op"), nfc(m.group("value"))
+        if m.group("tag") is None and (fld in MEDIA_NUMBERS or fld in MEDIA_TEXT or fld in enrich.FIELDS):
+            if fld in MEDIA_TEXT:
+                if op not in ("=", "!="):
+                    raise InvalidInput(term, f"{fld} is text and compares only with = or !=")
+                if not raw:
+                    raise InvalidInput(term, f"{fld} needs a value")
+                comps.append(Comparison(fld, op, raw))
+                continue
+            try:
+                comps.append(Comparison(fld, op, float(raw)))
+            except ValueError:
+                raise InvalidInput(term, f"{fld} compares with a number, not {raw!r}") from None
+        elif m.group("tag") is None and "." in fld:
+            if enrich.enricher_of(fld, plugin_names) is None:
+                raise InvalidInput(
+                    fld,
+                    f"is not a known field: no enrichment plug-in provides {fld.partition('.')[0]}.* "
+                    f"(known: {', '.join(known_fields(plugin_names))}; a tag is tag:{fld}=VALUE)",
+                )
             num: float | str
             try:
                 num = float(raw)
             except ValueError:
-                if op in ("=", "!=") and fld not in enrich.FIELDS:
-                    num = raw
-                else:
+                if op not in ("=", "!="):
                     raise InvalidInput(term, f"{fld} compares with a number, not {raw!r}") from None
+                num = raw
             comps.append(Comparison(fld, op, num))
         elif op == "=":
             if not raw:
@@ -106,8 +169,30 @@ def parse_terms(terms: Iterable[str], plugin_names: Iterable[str] = ()) -> Query
                 raise InvalidInput(term, f"tag {fld} is asked for twice with different values")
             tags[fld] = raw
         else:
-            raise InvalidInput(term, f"{fld} is not an enrichment field, and tags only compare with =")
+            raise InvalidInput(term, f"{fld} is not a known field, and tags only compare with =")
     return Query(tags, comps)
+
+
+def field_value(m: Manifest, rec: enrich.Enrichment | None, fld: str) -> Any:
+    """What a version says for a comparison's field, or :data:`spool.enrich.UNJUDGED`:
+    the gate's measurement first (the manifest of the verified object), then enrichment."""
+    media = m.validation.media
+    if media is not None and (fld in MEDIA_NUMBERS or fld in MEDIA_TEXT):
+        if fld == "codec":
+            v: Any = media.video_codec or media.audio_codec
+        else:
+            v = getattr(media, MEDIA_NUMBERS.get(fld) or MEDIA_TEXT[fld])
+        if v is not None:
+            return v
+    if fld in ("codec", "video_codec", "audio_codec"):
+        facts = rec.facts if rec is not None else None
+        if facts is None:
+            return enrich.UNJUDGED
+        v = facts.video_codec or facts.audio_codec if fld == "codec" else getattr(facts, fld)
+        return enrich.UNJUDGED if v is None else v
+    if fld in enrich.FIELDS or "." in fld:
+        return enrich.value(rec, fld)
+    return enrich.UNJUDGED  # container, pix_fmt, channels: only the gate records them
 
 
 class Hit(msgspec.Struct, kw_only=True):
@@ -125,6 +210,8 @@ class Hit(msgspec.Struct, kw_only=True):
     duration: float | None
     resolution: str | None
     thumbnail: str | None  # relative to the spool root, if one exists
+    #: What the gate measured at publish (``None`` for versions published before it did).
+    media: MediaInfo | None = None
     enrichment: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
@@ -146,12 +233,15 @@ def current_revision(tree: Tree, name: str) -> int | None:
 def _hit(tree: Tree, m: Manifest, current: bool, rec: enrich.Enrichment | None) -> Hit:
     name, rev = split_job_id(m.job_id)
     checks = {c.name: c.actual for c in m.validation.checks}
-    duration = rec.facts.duration if rec and rec.facts else _num(checks.get("duration"))
+    media = m.validation.media
+    measured = media is not None or (rec is not None and rec.facts is not None)
+    duration = field_value(m, rec, "duration") if measured else checks.get("duration")
     w, h = (
-        (rec.facts.width, rec.facts.height)
-        if rec and rec.facts
+        (field_value(m, rec, "width"), field_value(m, rec, "height"))
+        if measured
         else (checks.get("width"), checks.get("height"))
     )
+    duration, w, h = _num(duration), _num(w), _num(h)
     values = {}
     if rec is not None:
         for f in enrich.FIELDS:
@@ -169,8 +259,9 @@ def _hit(tree: Tree, m: Manifest, current: bool, rec: enrich.Enrichment | None) 
         file=m.output.file,
         tags=m.tags,
         duration=duration,
-        resolution=f"{w}x{h}" if w and h else None,
+        resolution=f"{w:g}x{h:g}" if w and h else None,
         thumbnail=_thumbnail(tree, m.output.sha256),
+        media=media,
         enrichment=values,
     )
 
@@ -267,12 +358,13 @@ def search(
         if not _present(tree, m):
             continue  # never print a hit whose object is missing (fsck reports it)
         rec = _enrichment(tree, m.output.sha256)
-        unjudged = [c.field for c in query.comparisons if enrich.value(rec, c.field) is enrich.UNJUDGED]
+        values = [field_value(m, rec, c.field) for c in query.comparisons]
+        unjudged = [c.field for c, v in zip(query.comparisons, values, strict=True) if v is enrich.UNJUDGED]
         if unjudged:
             for f in unjudged:
                 partial[f] = partial.get(f, 0) + 1
             continue
-        if not all(c.test(enrich.value(rec, c.field)) for c in query.comparisons):
+        if not all(c.test(v) for c, v in zip(query.comparisons, values, strict=True)):
             continue
         hits.append(_hit(tree, m, is_current, rec))
         if limit is not None and len(hits) >= limit:
@@ -393,7 +485,9 @@ def visible_object(tree: Tree, rule: vis.Rule, digest: str) -> Manifest | None:
         if not JOB_ID_RE.match(jid) or not os.path.exists(f"{tree.root}/complete/{jid}.json"):
             continue
         m = _manifest(tree, jid)
-        if m is not None and m.output.sha256 == digest and rule.admits(m.tags) and index.is_indexed(tree, jid):
+        if m is None or m.output.sha256 != digest or not rule.admits(m.tags):
+            continue
+        if index.is_indexed(tree, jid):
             return m
     return None
 
