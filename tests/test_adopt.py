@@ -19,6 +19,7 @@ from typing import Any
 import invariants
 import pytest
 from conftest import SPOOL, TAGS, run_cli, wait_for
+from test_nas import nas  # noqa: F401 - the sshfs mounts fixture
 
 from spool import adopt, library, settings, store
 from spool.tree import Tree
@@ -156,10 +157,8 @@ def test_a_folder_is_adopted_once_and_untagged_files_are_reported(folder, tmp_pa
     plan = adopt_cli(tree, lib, "--tags", str(tags_csv), "--dry-run")
     assert plan["counts"] == {"planned": len(tagged), "untagged": len(untagged)}
     assert (
-        (sorted(os.listdir(tree.root / "complete")) == []
-        and not (tree.root / "index").exists())
-        or not any((tree.root / "index").iterdir())
-    )
+        sorted(os.listdir(tree.root / "complete")) == [] and not (tree.root / "index").exists()
+    ) or not any((tree.root / "index").iterdir())
     check_adopted(tree, lib, tags_csv, tagged, untagged)
     again = adopt_cli(tree, lib, "--tags", str(tags_csv))
     assert again["counts"] == {"already": len(tagged), "untagged": len(untagged)}
@@ -356,3 +355,26 @@ def test_ten_thousand_files(tmp_path, request):
         "already": len(tagged),
         "untagged": len(untagged),
     }
+
+
+def test_adoption_across_a_nas_mount_copies_and_adopts_once(nas):  # noqa: F811
+    """The spool on an sshfs mount (tools/multimount), the folder on the local disk: every
+    file is copied (and verified) into the store, then a second run through the other
+    mount adopts nothing."""
+    server, a, b = nas.spool("adopt")
+    lib = nas.export.parent / "assets" / "adopt-lib"
+    rels = make_folder(lib, 12)
+    tagged, untagged = write_tags(lib.parent / "adopt-tags.csv", rels, untagged_every=6)
+    out = adopt_cli(a, lib, "--tags", str(lib.parent / "adopt-tags.csv"))
+    assert out["counts"] == {"adopted": len(tagged), "untagged": len(untagged)}
+    for it in out["items"]:
+        if it["outcome"] == "adopted":
+            m = json.loads(server.manifest_file(it["job"]).read_text())
+            stored = server.root / m["output"]["store_path"]
+            assert store.sha256_file(stored)[0] == it["sha256"]
+            # another filesystem: a copy (the file keeps its own inode and its mode)
+            assert os.stat(stored).st_ino != os.stat(lib / it["path"]).st_ino
+            assert os.stat(lib / it["path"]).st_mode & 0o222
+    again = adopt_cli(b, lib, "--tags", str(lib.parent / "adopt-tags.csv"))
+    assert again["counts"] == {"already": len(tagged), "untagged": len(untagged)}
+    assert_sound(server)
