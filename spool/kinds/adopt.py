@@ -16,8 +16,8 @@ contract, as the kind sees it:
   next adoption publishes the new bytes as a new version;
 * **check** (the gate): the candidate's sha256 must be the one accepted; the
   media record is what the acceptance probe measured of those very bytes
-  (no decode check: the files are already in use; ``spool verify`` re-checks
-  any version later);
+  (no decode check: the files are already in use, and adoption runs at the
+  pace of one probe per file; ``spool verify`` re-hashes any version later);
 * **pool** ``adopt``: no daemon sizes it, so only ``spool library adopt``
   runs adopt jobs; one left pending by an interrupted adoption waits for the
   next run.
