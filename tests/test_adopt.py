@@ -93,7 +93,10 @@ def new_spool(at: Path, roots: list[Path]) -> Tree:
 
 
 def adopt_cli(tree: Tree, folder: Path, *extra: str, env: dict[str, str] | None = None) -> dict[str, Any]:
-    res = run_cli("library", "adopt", str(folder), *extra, "--json", spool=tree, env=env)
+    argv = [SPOOL, "library", "adopt", str(folder), *extra, "--json", "--spool", str(tree.root)]
+    res = subprocess.run(
+        argv, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=3600
+    )
     assert res.returncode in (0, 1), res.stderr[-3000:]
     return json.loads(res.stdout)
 
