@@ -23,7 +23,7 @@ from typing import Any
 from . import layers as layer_check
 from . import probe
 from .config import Config
-from .model import Check, Expect, LayerBox, ValidationReport, media_info
+from .model import Check, Expect, LayerBox, MediaInfo, ValidationReport, media_info
 from .secrets import redact
 
 #: Container names as the job states them -> names ffprobe's format_name contains.
@@ -243,6 +243,24 @@ def measure_loudness(path: Path, cfg: Config, log: Path) -> float | None:
             f"[loudness] exit {proc.returncode}: {value if value is not None else 'not measured'}\n".encode()
         )
     return value
+
+
+def measure(path: Path, container: str, cfg: Config, log: Path) -> MediaInfo | None:
+    """What the gate records of a media file (:class:`spool.model.MediaInfo`), measured
+    on its own: for a kind whose check built its report without :func:`validate`
+    (the publish path asks, so every kind's versions carry it). ``None`` if ffprobe
+    cannot read it."""
+    try:
+        info = probe.ffprobe(path, cfg.render.ffprobe)
+    except probe.ProbeError as exc:
+        with open(log, "ab") as f:
+            f.write(f"[media] not measured: {exc}\n".encode())
+        return None
+    summary = probe.summarize(info)
+    loud = None
+    if summary.audio is not None and cfg.validation.measure_loudness:
+        loud = measure_loudness(path, cfg, log)
+    return media_info(summary, container, loud)
 
 
 def validate(

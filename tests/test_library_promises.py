@@ -148,3 +148,23 @@ def test_a_generation_is_searchable_on_what_the_gate_measured_at_once(tree, sim,
     out = search(tree, "campaign=mug", f"width={w}", f"codec={media['video_codec']}", "duration<=60")
     assert jobs(out) == ["gen-measured@1"] and out["partial"] == {}
     assert search(tree, "campaign=mug", f"width>{w}")["results"] == []
+
+
+def test_a_kind_whose_check_records_no_media_gets_it_measured_at_publish(tree, assets, monkeypatch):
+    """The publish path every kind shares measures the stored file when a kind's own
+    check built its report without the gate's media record."""
+    import msgspec
+
+    from spool.kinds import render
+
+    real = render.Render.check
+
+    def bare(self, cfg, job, candidate, log):  # a kind that does not call spool.validate
+        return msgspec.structs.replace(real(self, cfg, job, candidate, log), media=None)
+
+    monkeypatch.setattr(render.Render, "check", bare)
+    cfg = config.load(tree.config_file)
+    jid = publish(tree, cfg, minimal(assets, name="bare"))
+    media = json.loads(tree.manifest_file(jid).read_text())["validation"]["media"]
+    assert media["width"] == 320 and media["video_codec"] == "h264" and media["loudness"] < 0
+    assert jobs(search(tree, "campaign=mug", "width=320", "codec=h264")) == [jid]
