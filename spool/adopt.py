@@ -379,7 +379,10 @@ class Adoption:
             if cur is not None:
                 entry = read_version(self.tree, name, cur)
                 if entry is not None and entry.sha256 == digest:
-                    return Item(f.rel, name, "already", job=f"{name}@{cur}", sha256=digest, bytes=f.size)
+                    why = _tags_differ(self.tree, f"{name}@{cur}", tags, self.cfg.acceptance.required_tags)
+                    return Item(
+                        f.rel, name, "already", job=f"{name}@{cur}", sha256=digest, reason=why, bytes=f.size
+                    )
             for rev in sorted(states, reverse=True):
                 state = states[rev]
                 if state in ("complete", "reserved"):
@@ -502,6 +505,20 @@ def _next_revision(tree: Tree, name: str, states: dict[int, str]) -> int:
     a reservation above it (an acceptance cut short) is taken up again."""
     taken = [r for r, s in states.items() if s != "reserved"]
     return (max(taken) if taken else 0) + 1
+
+
+def _tags_differ(tree: Tree, jid: str, tags: dict[str, str], required: list[str]) -> str:
+    """Why an adopted version's required tags are not the ones given now ("" if they are):
+    the same bytes under the same name are one version, never adopted twice."""
+    from .model import Manifest
+
+    m = read(tree.manifest_file(jid), Manifest)
+    if m is None:
+        return ""
+    diff = [
+        f"{t} is {m.tags.get(t)!r}, given {tags.get(t)!r}" for t in required if m.tags.get(t) != tags.get(t)
+    ]
+    return ("published with other tags: " + "; ".join(diff)) if diff else ""
 
 
 def _failure(tree: Tree, jid: str) -> str:

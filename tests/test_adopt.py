@@ -381,3 +381,14 @@ def test_adoption_across_a_nas_mount_copies_and_adopts_once(nas):  # noqa: F811
     again = adopt_cli(b, lib, "--tags", str(lib.parent / "adopt-tags.csv"))
     assert again["counts"] == {"already": len(tagged), "untagged": len(untagged)}
     assert_sound(server)
+
+
+def test_a_tag_changed_for_unchanged_bytes_is_reported_not_adopted_twice(small):
+    tree, lib, tags_csv = small
+    adopt_cli(tree, lib, "--tags", str(tags_csv))
+    text = tags_csv.read_text().replace("campaign-1,", "campaign-one,", 1)
+    tags_csv.write_text(text)
+    out = adopt_cli(tree, lib, "--tags", str(tags_csv))
+    assert out["counts"] == {"already": 6}
+    [changed] = [it for it in out["items"] if it["reason"]]
+    assert "campaign is 'campaign-1', given 'campaign-one'" in changed["reason"]

@@ -230,7 +230,7 @@ def adopt_cmd(
         )
     else:
         for it in rep.items:
-            if it.outcome != "already" or all_lines:
+            if it.outcome != "already" or it.reason or all_lines:
                 typer.echo("\t".join(map(printable, adopt.plain_line(it).split("\t"))))
         for rel in rep.unsupported:
             typer.echo(f"unsupported\t-\t{printable(rel)}\tnot a container spool publishes (mp4, mov, webm)")
