@@ -297,6 +297,9 @@ class Adoption:
             self.tree, self.cfg, self.worker, Journal(self.tree, self.worker), threading.Event()
         )
         try:
+            from .fsck import sweep_leftovers
+
+            sweep_leftovers(self.tree)  # temp files a killed run (a dead process of this host) left
             recover.adopt(self.ctx)  # finish what an interrupted run left in running/<host>-adopt/
             self._states = _name_states(self.tree)
             total = sum(f.size for f in found)
