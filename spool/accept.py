@@ -52,6 +52,7 @@ from .model import (
 from .secrets import redact
 from .status import load_job, locate, read
 from .tree import Tree, fsync_dir, is_visible, rename_durable, write_atomic
+from .visibility import nfc
 
 if TYPE_CHECKING:
     from .kinds import Job
@@ -130,9 +131,7 @@ def build_job(tree: Tree, cfg: Config, sub: Submission, submitted_by: str) -> Jo
     """
     kind = kinds.named(sub.operation)
     jid = job_id(sub.name, sub.revision)
-    for key in cfg.acceptance.required_tags:
-        if not sub.tags.get(key, "").strip():
-            raise InvalidInput(f"tags.{key}", "is a required tag and is missing or empty")
+    tags = check_tags(sub.tags, cfg.acceptance.required_tags)
     if sub.supersedes is not None:
         _check_supersedes(tree, sub, jid)
     common: dict[str, Any] = dict(
@@ -140,12 +139,28 @@ def build_job(tree: Tree, cfg: Config, sub: Submission, submitted_by: str) -> Jo
         name=sub.name,
         revision=sub.revision,
         supersedes=sub.supersedes,
-        tags=dict(sub.tags),
+        tags=tags,
         priority=sub.priority,
         submitted_at=now(),
         submitted_by=sub.submitted_by or submitted_by,
     )
     return kind.freeze(tree, cfg, sub, common)
+
+
+def check_tags(tags: dict[str, str], required: list[str]) -> dict[str, str]:
+    """The tags as a job keeps them: values in Unicode NFC (so ``é`` typed either way
+    is one value, in the index and in every query), every required one present.
+    A value with leading or trailing white space is refused: it would never match
+    what a person types."""
+    for key in required:
+        if not tags.get(key, "").strip():
+            raise InvalidInput(f"tags.{key}", "is a required tag and is missing or empty")
+    out = {}
+    for key, value in tags.items():
+        if value != value.strip():
+            raise InvalidInput(f"tags.{key}", "has leading or trailing white space; remove it")
+        out[key] = nfc(value)
+    return out
 
 
 def _check_supersedes(tree: Tree, sub: Submission, jid: str) -> None:

@@ -91,6 +91,9 @@ class Validation(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     duration_tolerance: Annotated[float, msgspec.Meta(ge=0)] = 0.1
     sample_windows: PositiveInt = 3
     sample_seconds: Seconds = 0.5
+    #: Measure the integrated loudness (EBU R128) of an output with audio (one audio-only
+    #: decoding pass) and keep it in the version record; not a check, a measurement.
+    measure_loudness: bool = True
 
 
 class Daemon(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -370,6 +373,7 @@ decode_check = "sampled"   # full | sampled | none: how much of the output is de
 duration_tolerance = 0.1   # seconds, when a job states none
 sample_windows = 3         # sampled mode: windows decoded (start, middle, end)
 sample_seconds = 0.5       # sampled mode: seconds decoded per window
+measure_loudness = true    # record an output's integrated loudness (LUFS) with its metadata
 
 [daemon]
 poll_interval = 2.0        # seconds between directory rescans (network mounts rely on them)

@@ -44,6 +44,8 @@ OTHER_POINTS = (
     # folders not fsynced and the drops kept; and between the folder fsyncs of a batch.
     "mid_accept_batch",
     "mid_group_sync",
+    # Adoption (spool.adopt): a file's adopt job accepted, not yet claimed.
+    "mid_adopt",
 )
 
 

@@ -3,7 +3,13 @@
 Layout (all under the spool root, readable from a shell)::
 
     index/<tag>/<value>/<job_id>     one empty file per required tag of a published job
+    index/_sha256/<sha256>/<job_id>  one empty file per published job, by its output's hash
     library/<name>/<revision>        one small JSON record per published revision
+
+The ``_sha256`` entries index jobs by the object they publish (a tag key
+never starts with ``_``, so it cannot collide with a tag): ``spool get SHA``,
+``/download/<sha256>`` and ``/thumbs/<sha256>.jpg`` find the jobs of an
+object there to ask whether one of them is visible (:mod:`spool.visibility`).
 
 ``<value>`` is the tag value encoded by :func:`encode_value` so any Unicode
 string is a safe file name: the bytes ``A-Z a-z 0-9 _ -`` (and ``.`` when not
@@ -43,7 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .faults import crashpoint
-from .model import JOB_ID_RE, Manifest, Record, decode, encode, now
+from .model import JOB_ID_RE, Manifest, MediaInfo, Record, decode, encode, now
 from .tree import Tree, fsync_dir, make_dirs, visible_names, write_atomic
 
 if TYPE_CHECKING:
@@ -54,6 +60,9 @@ INDEX = "index"
 LIBRARY = "library"
 #: Longest encoded value kept whole; longer ones end in ``~<hash>``.
 MAX_NAME = 200
+
+#: The pseudo-tag under which every published job is indexed by its output's sha256.
+OBJECT_TAG = "_sha256"
 
 #: An asset name (the ``name`` of a job ID).
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,95}$")
@@ -81,6 +90,8 @@ class VersionEntry(Record, kw_only=True):
     store_path: str
     published_at: datetime
     indexed_at: datetime
+    #: What the gate measured of the output (the manifest's ``validation.media``).
+    media: MediaInfo | None = None
 
 
 def encode_value(value: str) -> str:
@@ -124,8 +135,15 @@ def version_file(tree: Tree, name: str, revision: int) -> Path:
 
 
 def wanted(manifest: Manifest, required_tags: list[str]) -> list[tuple[str, str]]:
-    """(tag, value) pairs a manifest is indexed under: its required tags it has."""
-    return [(t, manifest.tags[t]) for t in required_tags if t in manifest.tags]
+    """(tag, value) pairs a manifest is indexed under: its required tags it has, and
+    its output's sha256 under :data:`OBJECT_TAG`."""
+    pairs = [(t, manifest.tags[t]) for t in required_tags if t in manifest.tags]
+    return [*pairs, (OBJECT_TAG, manifest.output.sha256)]
+
+
+def object_jobs(tree: Tree, digest: str) -> set[str]:
+    """Job IDs indexed as publishing the object ``digest`` (one listing)."""
+    return entries(tree, OBJECT_TAG, digest)
 
 
 def _touch(path: Path) -> bool:
@@ -171,6 +189,7 @@ def index_job(tree: Tree, manifest: Manifest, required_tags: list[str]) -> None:
         store_path=manifest.output.store_path,
         published_at=manifest.published_at,
         indexed_at=now(),
+        media=manifest.validation.media,
     )
     try:
         write_atomic(vf, encode(entry), mode=0o444, replace=False)
@@ -244,8 +263,9 @@ def delays(tree: Tree) -> list[float]:
 
 
 def size(tree: Tree) -> tuple[int, int]:
-    """(tag entries, version records) on disk: the index size for status and metrics."""
-    tags = sum(1 for _ in _all_tag_entries(tree))
+    """(tag entries, version records) on disk: the index size for status and metrics
+    (the ``_sha256`` object entries, one per version, are not tag entries)."""
+    tags = sum(1 for t, _, _ in _all_tag_entries(tree) if t != OBJECT_TAG)
     versions = sum(len(revisions(tree, n)) for n in names(tree))
     return tags, versions
 

@@ -8,20 +8,29 @@ never becomes current.
 
 Search terms (``spool search``):
 
-* ``TAG=VALUE``: the asset's tag equals VALUE exactly (at least one tag term
-  must name an indexed tag, ``[acceptance] required_tags``, unless the query
-  has no tag terms at all, which lists every asset);
+* ``TAG=VALUE`` (or ``tag:TAG=VALUE``): the asset's tag equals VALUE exactly,
+  both in Unicode NFC (at least one tag term must name an indexed tag,
+  ``[acceptance] required_tags``, unless the query has no tag terms at all,
+  which lists every asset);
 * ``FIELD<N``, ``FIELD<=N``, ``FIELD>N``, ``FIELD>=N``, ``FIELD=N``,
-  ``FIELD!=N`` for an enrichment field (:data:`spool.enrich.FIELDS`, or a
-  plug-in's ``name.key``): numeric comparison (``=``/``!=`` also compare
-  text for plug-in values). A term is split at its first ``<``, ``>``, ``!``
-  or ``=``; enrichment field names win over tag names.
+  ``FIELD!=N``: a numeric comparison on what the gate measured at publish
+  (:data:`MEDIA_NUMBERS`: ``width>=1080``, ``duration<=15``), on an
+  enrichment field (:data:`spool.enrich.FIELDS`) or a plug-in's
+  ``name.key`` (``=``/``!=`` also compare text for plug-in values);
+* ``FIELD=TEXT`` and ``FIELD!=TEXT`` for the gate's text fields
+  (:data:`MEDIA_TEXT`: ``codec=h264``, ``container=mov``), case-insensitive.
+
+A term is split at its first ``<``, ``>``, ``!`` or ``=``; field names win
+over tag names (``tag:`` says a tag); a dotted name no plug-in provides is an
+error naming the known fields.
 
 All terms are ANDed. Hits are checked before they are returned: the job is
 complete, its manifest has exactly the queried tags, its visibility is
-allowed, and its store file exists with the manifest's size. An asset whose
-enrichment cannot judge a comparison is counted in ``partial`` by field,
-never silently dropped.
+allowed (:mod:`spool.visibility`), its store file exists with the manifest's
+size, and every comparison holds for the values its manifest (the gate's
+measurement of the verified object) or its enrichment record gives. An asset
+neither can judge a comparison on is counted in ``partial`` by field, never
+silently dropped and never a hit.
 """
 
 from __future__ import annotations
@@ -37,16 +46,40 @@ from typing import Any
 import msgspec
 
 from . import enrich, index, store, thumbs
+from . import visibility as vis
 from .config import Config
 from .errors import InvalidInput, NotFound, NotReady, SpoolError
 from .index import NAME_RE, split_job_id
-from .model import JOB_ID_RE, Manifest
+from .model import JOB_ID_RE, Manifest, MediaInfo
 from .records import read
 from .status import library_counts, locate, running_workers
 from .tree import Tree, fsync_dir, temp_name
+from .visibility import nfc
 
-_TERM = re.compile(r"^(?P<field>[a-z][a-z0-9_.-]{0,63})(?P<op><=|>=|!=|<|>|=)(?P<value>.*)$", re.S)
+_TERM = re.compile(
+    r"^(?P<tag>tag:)?(?P<field>[a-z][a-z0-9_.-]{0,63})(?P<op><=|>=|!=|<|>|=)(?P<value>.*)$", re.S
+)
 _SHA = re.compile(r"^[0-9a-f]{64}$")
+
+#: Numeric fields the gate measures at publish (:class:`spool.model.MediaInfo`), searchable at
+#: once; for a version published before the gate recorded them, enrichment answers the same.
+MEDIA_NUMBERS = {
+    "duration": "duration",
+    "width": "width",
+    "height": "height",
+    "fps": "fps",
+    "channels": "audio_channels",
+    "loudness": "loudness",
+}
+#: Text fields the gate measures, compared with ``=`` and ``!=`` (case-insensitively).
+#: ``codec`` is the video codec, or the audio codec of a file without video.
+MEDIA_TEXT = {
+    "container": "container",
+    "codec": "codec",
+    "video_codec": "video_codec",
+    "audio_codec": "audio_codec",
+    "pix_fmt": "pix_fmt",
+}
 
 
 @dataclass(frozen=True)
@@ -58,6 +91,8 @@ class Comparison:
     def test(self, actual: Any) -> bool:
         if isinstance(self.value, str) or isinstance(actual, str):
             a, b = str(actual), str(self.value)
+            if self.field in MEDIA_TEXT:
+                a, b = a.casefold(), b.casefold()
             return a == b if self.op == "=" else a != b if self.op == "!=" else False
         x, y = float(actual), self.value
         return {
@@ -76,8 +111,20 @@ class Query:
     comparisons: list[Comparison] = field(default_factory=list)
 
 
+def known_fields(plugin_names: Iterable[str] = ()) -> list[str]:
+    """Every field a comparison may name (plug-ins as ``name.*``), for error messages."""
+    fields = {*MEDIA_NUMBERS, *MEDIA_TEXT, *enrich.FIELDS}
+    return sorted(fields) + [f"{p}.*" for p in sorted(plugin_names)]
+
+
 def parse_terms(terms: Iterable[str], plugin_names: Iterable[str] = ()) -> Query:
-    """Pure: search terms -> a query; a bad term raises :class:`InvalidInput` naming it."""
+    """Pure: search terms -> a query; a bad term raises :class:`InvalidInput` naming it.
+
+    Values are compared in Unicode NFC, as tags are stored. A field name with a dot
+    is a plug-in's (``classifier.label``): one no installed plug-in provides is an
+    error naming the known fields, never a tag filter that silently matches
+    nothing. ``tag:KEY=VALUE`` is always a tag (a tag named like a field, or with
+    a dot in its name)."""
     plugin_names = list(plugin_names)
     tags: dict[str, str] = {}
     comps: list[Comparison] = []
@@ -87,16 +134,33 @@ def parse_terms(terms: Iterable[str], plugin_names: Iterable[str] = ()) -> Query
             raise InvalidInput(
                 term, "is not a search term (TAG=VALUE, or FIELD<N with one of < <= > >= = != )"
             )
-        fld, op, raw = m.group("field"), m.group("op"), m.group("value")
-        if enrich.enricher_of(fld, plugin_names) is not None:
+        fld, op, raw = m.group("field"), m.group("op"), nfc(m.group("value"))
+        if m.group("tag") is None and (fld in MEDIA_NUMBERS or fld in MEDIA_TEXT or fld in enrich.FIELDS):
+            if fld in MEDIA_TEXT:
+                if op not in ("=", "!="):
+                    raise InvalidInput(term, f"{fld} is text and compares only with = or !=")
+                if not raw:
+                    raise InvalidInput(term, f"{fld} needs a value")
+                comps.append(Comparison(fld, op, raw))
+                continue
+            try:
+                comps.append(Comparison(fld, op, float(raw)))
+            except ValueError:
+                raise InvalidInput(term, f"{fld} compares with a number, not {raw!r}") from None
+        elif m.group("tag") is None and "." in fld:
+            if enrich.enricher_of(fld, plugin_names) is None:
+                raise InvalidInput(
+                    fld,
+                    f"is not a known field: no enrichment plug-in provides {fld.partition('.')[0]}.* "
+                    f"(known: {', '.join(known_fields(plugin_names))}; a tag is tag:{fld}=VALUE)",
+                )
             num: float | str
             try:
                 num = float(raw)
             except ValueError:
-                if op in ("=", "!=") and fld not in enrich.FIELDS:
-                    num = raw
-                else:
+                if op not in ("=", "!="):
                     raise InvalidInput(term, f"{fld} compares with a number, not {raw!r}") from None
+                num = raw
             comps.append(Comparison(fld, op, num))
         elif op == "=":
             if not raw:
@@ -105,8 +169,30 @@ def parse_terms(terms: Iterable[str], plugin_names: Iterable[str] = ()) -> Query
                 raise InvalidInput(term, f"tag {fld} is asked for twice with different values")
             tags[fld] = raw
         else:
-            raise InvalidInput(term, f"{fld} is not an enrichment field, and tags only compare with =")
+            raise InvalidInput(term, f"{fld} is not a known field, and tags only compare with =")
     return Query(tags, comps)
+
+
+def field_value(m: Manifest, rec: enrich.Enrichment | None, fld: str) -> Any:
+    """What a version says for a comparison's field, or :data:`spool.enrich.UNJUDGED`:
+    the gate's measurement first (the manifest of the verified object), then enrichment."""
+    media = m.validation.media
+    if media is not None and (fld in MEDIA_NUMBERS or fld in MEDIA_TEXT):
+        if fld == "codec":
+            v: Any = media.video_codec or media.audio_codec
+        else:
+            v = getattr(media, MEDIA_NUMBERS.get(fld) or MEDIA_TEXT[fld])
+        if v is not None:
+            return v
+    if fld in ("codec", "video_codec", "audio_codec"):
+        facts = rec.facts if rec is not None else None
+        if facts is None:
+            return enrich.UNJUDGED
+        v = facts.video_codec or facts.audio_codec if fld == "codec" else getattr(facts, fld)
+        return enrich.UNJUDGED if v is None else v
+    if fld in enrich.FIELDS or "." in fld:
+        return enrich.value(rec, fld)
+    return enrich.UNJUDGED  # container, pix_fmt, channels: only the gate records them
 
 
 class Hit(msgspec.Struct, kw_only=True):
@@ -124,6 +210,8 @@ class Hit(msgspec.Struct, kw_only=True):
     duration: float | None
     resolution: str | None
     thumbnail: str | None  # relative to the spool root, if one exists
+    #: What the gate measured at publish (``None`` for versions published before it did).
+    media: MediaInfo | None = None
     enrichment: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
@@ -145,12 +233,15 @@ def current_revision(tree: Tree, name: str) -> int | None:
 def _hit(tree: Tree, m: Manifest, current: bool, rec: enrich.Enrichment | None) -> Hit:
     name, rev = split_job_id(m.job_id)
     checks = {c.name: c.actual for c in m.validation.checks}
-    duration = rec.facts.duration if rec and rec.facts else _num(checks.get("duration"))
+    media = m.validation.media
+    measured = media is not None or (rec is not None and rec.facts is not None)
+    duration = field_value(m, rec, "duration") if measured else checks.get("duration")
     w, h = (
-        (rec.facts.width, rec.facts.height)
-        if rec and rec.facts
+        (field_value(m, rec, "width"), field_value(m, rec, "height"))
+        if measured
         else (checks.get("width"), checks.get("height"))
     )
+    duration, w, h = _num(duration), _num(w), _num(h)
     values = {}
     if rec is not None:
         for f in enrich.FIELDS:
@@ -168,8 +259,9 @@ def _hit(tree: Tree, m: Manifest, current: bool, rec: enrich.Enrichment | None) 
         file=m.output.file,
         tags=m.tags,
         duration=duration,
-        resolution=f"{w}x{h}" if w and h else None,
+        resolution=f"{w:g}x{h:g}" if w and h else None,
         thumbnail=_thumbnail(tree, m.output.sha256),
+        media=media,
         enrichment=values,
     )
 
@@ -221,10 +313,6 @@ def _present(tree: Tree, m: Manifest) -> bool:
         return False
 
 
-def allowed_visibility(cfg: Config, widen: Iterable[str] = ()) -> set[str]:
-    return set(cfg.library.visible) | set(widen)
-
-
 def search(
     tree: Tree,
     cfg: Config,
@@ -233,15 +321,18 @@ def search(
     all_versions: bool = False,
     visibility: Iterable[str] = (),
     limit: int | None = None,
+    rule: vis.Rule | None = None,
 ) -> Result:
-    """Every asset version the query matches (current ones unless ``all_versions``)."""
+    """Every asset version the query matches (current ones unless ``all_versions``),
+    visible under ``rule`` (default: ``[library] visible`` widened by ``visibility``)."""
     required = cfg.acceptance.required_tags
     indexed = [(t, v) for t, v in query.tags.items() if t in required]
     if query.tags and not indexed:
         raise InvalidInput(
             next(iter(query.tags)), f"is not an indexed tag; search needs one of: {', '.join(required)}"
         )
-    allowed = allowed_visibility(cfg, visibility)
+    if rule is None:
+        rule = vis.rule(cfg, visibility)
     candidates: Iterable[str]
     if indexed:
         candidates = sorted(_intersect(tree, indexed), key=_order)
@@ -262,17 +353,18 @@ def search(
         m = _manifest(tree, jid)
         if m is None or any(m.tags.get(t) != v for t, v in query.tags.items()):
             continue
-        if m.tags.get("visibility") not in allowed:
+        if not rule.admits(m.tags):
             continue  # fails closed: no visibility tag is not an allowed one
         if not _present(tree, m):
             continue  # never print a hit whose object is missing (fsck reports it)
         rec = _enrichment(tree, m.output.sha256)
-        unjudged = [c.field for c in query.comparisons if enrich.value(rec, c.field) is enrich.UNJUDGED]
+        values = [field_value(m, rec, c.field) for c in query.comparisons]
+        unjudged = [c.field for c, v in zip(query.comparisons, values, strict=True) if v is enrich.UNJUDGED]
         if unjudged:
             for f in unjudged:
                 partial[f] = partial.get(f, 0) + 1
             continue
-        if not all(c.test(enrich.value(rec, c.field)) for c in query.comparisons):
+        if not all(c.test(v) for c, v in zip(query.comparisons, values, strict=True)):
             continue
         hits.append(_hit(tree, m, is_current, rec))
         if limit is not None and len(hits) >= limit:
@@ -335,12 +427,15 @@ def _jobs_of_name(tree: Tree, name: str) -> set[int]:
     return revs | set(index.revisions(tree, name))
 
 
-def versions(tree: Tree, name: str) -> list[Version]:
-    """Every revision of an asset with its state; empty if the name is unknown."""
+def versions(tree: Tree, name: str, rule: vis.Rule | None = None) -> list[Version]:
+    """Every revision of an asset with its state, only those visible under ``rule``
+    when one is given; empty if the name is unknown (or nothing of it is visible)."""
     cur = current_revision(tree, name)
     out = []
     for rev in sorted(_jobs_of_name(tree, name)):
         jid = f"{name}@{rev}"
+        if rule is not None and not admitted(tree, rule, jid):
+            continue
         loc = locate(tree, jid)
         entry = index.read_version(tree, name, rev)
         out.append(
@@ -354,6 +449,47 @@ def versions(tree: Tree, name: str) -> list[Version]:
             )
         )
     return out
+
+
+# -- visibility (spool.visibility: the one rule) ------------------------------------------
+
+
+def job_tags(tree: Tree, jid: str) -> dict[str, str] | None:
+    """A job's tags: from its manifest once published, else from its job file."""
+    m = _manifest(tree, jid)
+    if m is not None:
+        return m.tags
+    from .kinds import decode_job
+
+    loc = locate(tree, jid)
+    if loc is None:
+        return None
+    try:
+        return decode_job(loc.path.read_bytes()).tags
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return None  # unreadable: fails closed
+
+
+def admitted(tree: Tree, rule: vis.Rule, jid: str) -> bool:
+    """Whether the job ``jid`` is visible under ``rule`` (an unknown job is not)."""
+    return rule.admits(job_tags(tree, jid))
+
+
+def visible_object(tree: Tree, rule: vis.Rule, digest: str) -> Manifest | None:
+    """The manifest of a complete, indexed job that publishes the object ``digest`` and
+    is visible under ``rule`` (the first by job ID), or ``None``: the object is then
+    invisible to this reader, whether or not it exists."""
+    if not _SHA.match(digest):
+        return None
+    for jid in sorted(index.object_jobs(tree, digest)):
+        if not JOB_ID_RE.match(jid) or not os.path.exists(f"{tree.root}/complete/{jid}.json"):
+            continue
+        m = _manifest(tree, jid)
+        if m is None or m.output.sha256 != digest or not rule.admits(m.tags):
+            continue
+        if index.is_indexed(tree, jid):
+            return m
+    return None
 
 
 # -- get -----------------------------------------------------------------------------
@@ -386,7 +522,15 @@ def _by_job(tree: Tree, jid: str) -> Got:
     return Got(jid, m.output.sha256, tree.root / m.output.store_path, m.output.file)
 
 
-def _by_sha(tree: Tree, digest: str) -> Got | None:
+def _by_sha(tree: Tree, digest: str, rule: vis.Rule | None = None) -> Got | None:
+    if rule is not None:
+        m = visible_object(tree, rule, digest)
+        if m is None:
+            return None
+        path = tree.root / m.output.store_path
+        if store.sha256_file(path)[0] != digest:
+            raise SpoolError(f"store object {digest} does not hash to its name (run spool fsck)")
+        return Got(m.job_id, digest, path, m.output.file)
     folder = tree.store / "sha256" / digest[:2]
     try:
         found = sorted(n for n in os.listdir(folder) if n.startswith(digest) and not n.startswith("."))
@@ -401,20 +545,29 @@ def _by_sha(tree: Tree, digest: str) -> Got | None:
     return Got(None, digest, path, found[0])
 
 
-def resolve(tree: Tree, ref: str) -> Got:
+def resolve(tree: Tree, ref: str, rule: vis.Rule | None = None) -> Got:
     """The verified file of a job (``name@rev``), of a name's current version, or of
-    a sha256. Raises NotReady (exit 3), NotFound (exit 4), InvalidInput (exit 2)."""
+    a sha256. Raises NotReady (exit 3), NotFound (exit 4), InvalidInput (exit 2).
+
+    With a ``rule`` (:mod:`spool.visibility`), only what it admits is found: an
+    invisible job, name or object is answered exactly as an unknown one."""
     if JOB_ID_RE.match(ref):
+        if rule is not None and not admitted(tree, rule, ref):
+            raise NotFound(f"no job {ref}")
         return _by_job(tree, ref)
     if _SHA.match(ref):
-        got = _by_sha(tree, ref)
+        got = _by_sha(tree, ref, rule)
         if got is not None:
             return got
     if NAME_RE.match(ref):
         cur = current_revision(tree, ref)
-        if cur is not None:
+        if cur is not None and (rule is None or admitted(tree, rule, f"{ref}@{cur}")):
             return _by_job(tree, f"{ref}@{cur}")
-        waiting = [v for v in versions(tree, ref) if v.state in ("pending", "held", "running", "complete")]
+        waiting = [
+            v
+            for v in versions(tree, ref, rule)
+            if v.state in ("pending", "held", "running") or (v.state == "complete" and not v.indexed)
+        ]
         if waiting:
             states = ", ".join(f"{v.job} {v.state}" for v in waiting)
             raise NotReady(f"{ref} is not ready: no published version yet ({states})")

@@ -37,6 +37,7 @@ from typing import TypeVar, cast
 from . import overview
 from .config import Config
 from .model import Event, PoolUse, WorkerRecord
+from .printable import printable
 from .status import read, running_workers
 from .tree import Tree, is_visible, visible_names, write_atomic
 
@@ -526,7 +527,10 @@ def _number(v: float) -> str:
 
 
 def _escape_label(v: str) -> str:
-    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    """A label value in the text format: control characters shown as escapes first
+    (:mod:`spool.printable`: no value can add a line, a series or a terminal escape),
+    then the format's own escapes of backslash and double quote."""
+    return printable(v).replace("\\", "\\\\").replace('"', '\\"')
 
 
 def _escape_help(v: str) -> str:

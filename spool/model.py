@@ -253,12 +253,50 @@ class LayerBox(Record, kw_only=True, omit_defaults=True):
     verdict: str = "inside"
 
 
+class MediaInfo(Record, kw_only=True):
+    """What the validation gate measured of the verified output (the first video and
+    audio streams): kept in the manifest's report and in the version record at
+    publish, so ``spool search`` filters on it at once. ``None``: not measured or not
+    there (no audio stream, a still image's duration, loudness the gate did not
+    measure)."""
+
+    container: str  # as published and checked by the gate: mp4, mov, webm
+    video_codec: str | None = None
+    audio_codec: str | None = None
+    width: int | None = None
+    height: int | None = None
+    fps: float | None = None
+    duration: float | None = None  # seconds
+    pix_fmt: str | None = None
+    audio_channels: int | None = None
+    loudness: float | None = None  # integrated, LUFS (EBU R128), when the gate measured it
+
+
+def media_info(summary: ProbeSummary, container: str, loudness: float | None = None) -> MediaInfo:
+    """Pure: the media record of a probe summary of a file published as ``container``."""
+    v, a = summary.video, summary.audio
+    return MediaInfo(
+        container=container,
+        video_codec=v.codec if v else None,
+        audio_codec=a.codec if a else None,
+        width=v.width or None if v else None,
+        height=v.height or None if v else None,
+        fps=v.fps or None if v else None,
+        duration=summary.duration,
+        pix_fmt=v.pix_fmt if v else None,
+        audio_channels=a.channels or None if a else None,
+        loudness=loudness,
+    )
+
+
 class ValidationReport(Record, kw_only=True):
     ok: bool
     decode_check: str
     checks: list[Check]
     seconds: float
     layers: list[LayerBox] | None = None  # every text/overlay layer with its box and verdict
+    #: What the gate measured of the file (media outputs only; a noop's text file has none).
+    media: MediaInfo | None = None
 
     def failed(self) -> list[Check]:
         return [c for c in self.checks if not c.ok]

@@ -6,6 +6,8 @@ and one rule for an existing manifest. Each step is durable before the next:
 1. fence: the job file is still in ``running/<me>/``;
 2. link the validated file into the store (idempotent, content-addressed);
 3. ``result.json`` in the attempt: the manifest as this attempt stages it;
+   The manifest keeps the gate's measurement of the file (``validation.media``);
+   a kind whose check did not record one has the stored file measured here;
 4. fence again, then ``manifests/J.json`` by :func:`install_manifest`;
 4b. the library index entries (:mod:`spool.index`), so a complete job is
    always found by its tags;
@@ -31,6 +33,8 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
+
 from . import index, store
 from .attempt import Attempt, write_result
 from .context import Context
@@ -39,6 +43,7 @@ from .faults import crashpoint
 from .model import AttemptRecord, JobBase, Manifest, SourceDigest, ValidationReport, encode, now
 from .records import read
 from .tree import Tree, transfer, write_atomic
+from .validate import CONTAINER_FORMATS, measure
 
 log = logging.getLogger("spool.publish")
 
@@ -81,6 +86,11 @@ def publish(
             retryable=True,
         ) from None
     crashpoint("after_store_link")
+    if report.media is None and job.output.container in CONTAINER_FORMATS:
+        # Every kind's media version carries the gate's measurement (SPEC 9, issue 22): a
+        # check that did not record it has the verified object measured here, once.
+        media = measure(stored.path, job.output.container, ctx.cfg, attempt.dir / "validate.log")
+        report = msgspec.structs.replace(report, media=media)
     rec = read(attempt.dir / "attempt.json", AttemptRecord)
     manifest = Manifest(
         job_id=job.job_id,

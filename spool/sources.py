@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 from . import probe
 from .config import Config
@@ -49,6 +50,11 @@ def resolve(role: str, text: str, roots: list[Path]) -> Path:
 
 def describe(role: str, path: Path, cfg: Config) -> Source:
     """stat, probe and hash one resolved source; never opens a FIFO or device."""
+    return inspect(role, path, cfg)[0]
+
+
+def inspect(role: str, path: Path, cfg: Config) -> tuple[Source, dict[str, Any]]:
+    """:func:`describe`, and ffprobe's whole report (for a kind that checks more of it)."""
     field = f"sources.{role}"
     try:
         st = os.stat(path)
@@ -72,7 +78,7 @@ def describe(role: str, path: Path, cfg: Config) -> Source:
     if probe.is_indirect(info):
         raise InvalidInput(field, f"{path} is a playlist or concat list, which spool does not accept")
     digest, size = sha256_file(path)
-    return Source(role=role, path=str(path), size=size, sha256=digest, probe=probe.summarize(info))
+    return Source(role=role, path=str(path), size=size, sha256=digest, probe=probe.summarize(info)), info
 
 
 def merge_expect(defaults: Expect, stated: Expect) -> Expect:

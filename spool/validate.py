@@ -4,6 +4,12 @@ Exit code 0 from FFmpeg proves nothing. The gate reads the candidate with
 ffprobe and compares it with the job's expectations, then decodes it (all of
 it, sampled windows, or not at all, by config). Every check records what was
 expected and what the file has, so a failure says exactly what is wrong.
+
+What the gate measured of the file (container, codecs, size, frame rate,
+duration, pixel format, audio channels, and the integrated loudness when
+``[validation] measure_loudness`` is on and there is audio) is the report's
+``media`` (:class:`spool.model.MediaInfo`): the publish path keeps it in the
+manifest and the version record, for every kind that calls :func:`validate`.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from typing import Any
 from . import layers as layer_check
 from . import probe
 from .config import Config
-from .model import Check, Expect, LayerBox, ValidationReport
+from .model import Check, Expect, LayerBox, MediaInfo, ValidationReport, media_info
 from .secrets import redact
 
 #: Container names as the job states them -> names ffprobe's format_name contains.
@@ -214,6 +220,49 @@ def decode_check(path: Path, cfg: Config, duration: float | None, log: Path) -> 
     )
 
 
+def measure_loudness(path: Path, cfg: Config, log: Path) -> float | None:
+    """The integrated loudness (LUFS, EBU R128) of the first audio stream, by one
+    audio-only decoding pass; ``None`` when it cannot be measured (digital silence,
+    an FFmpeg error: the details go to ``log``). A measurement, never a check."""
+    from .enrich import parse_analysis
+
+    argv = [
+        cfg.render.ffmpeg, "-nostdin", "-hide_banner", "-nostats", "-protocol_whitelist", "file",
+        "-i", f"file:{path}", "-map", "0:a:0", "-af", "ebur128=peak=true", "-f", "null", "-",
+    ]  # fmt: skip
+    try:
+        proc = subprocess.run(argv, capture_output=True, stdin=subprocess.DEVNULL, timeout=3600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        with open(log, "ab") as f:
+            f.write(f"[loudness] not measured: {exc}\n".encode())
+        return None
+    text = redact(proc.stderr.decode("utf-8", "replace"))
+    value = parse_analysis(text, None)["loudness"] if proc.returncode == 0 else None
+    with open(log, "ab") as f:
+        f.write(
+            f"[loudness] exit {proc.returncode}: {value if value is not None else 'not measured'}\n".encode()
+        )
+    return value
+
+
+def measure(path: Path, container: str, cfg: Config, log: Path) -> MediaInfo | None:
+    """What the gate records of a media file (:class:`spool.model.MediaInfo`), measured
+    on its own: for a kind whose check built its report without :func:`validate`
+    (the publish path asks, so every kind's versions carry it). ``None`` if ffprobe
+    cannot read it."""
+    try:
+        info = probe.ffprobe(path, cfg.render.ffprobe)
+    except probe.ProbeError as exc:
+        with open(log, "ab") as f:
+            f.write(f"[media] not measured: {exc}\n".encode())
+        return None
+    summary = probe.summarize(info)
+    loud = None
+    if summary.audio is not None and cfg.validation.measure_loudness:
+        loud = measure_loudness(path, cfg, log)
+    return media_info(summary, container, loud)
+
+
 def validate(
     candidate: Path,
     container: str,
@@ -249,6 +298,13 @@ def validate(
         checks.append(completeness_check(candidate, cfg, expect, log))
     if info is not None and cfg.validation.decode_check != "none":
         checks.append(decode_check(candidate, cfg, expect.duration, log))
+    media = None
+    if info is not None:
+        summary = probe.summarize(info)
+        loud = None
+        if summary.audio is not None and cfg.validation.measure_loudness:
+            loud = measure_loudness(candidate, cfg, log)
+        media = media_info(summary, container, loud)
     judged = None
     if layers:
         video = probe.streams_of(info, "video") if info is not None else []
@@ -262,4 +318,5 @@ def validate(
         checks=checks,
         seconds=round(time.monotonic() - started, 3),
         layers=judged,
+        media=media,
     )

@@ -8,6 +8,10 @@ Routes (GET and HEAD; other methods get 405, other paths 404)::
     /thumbs/<sha256>.jpg     a poster frame        /api/jobs/<job_id>     one job, with its timeline
     /download/<sha256>       a verified output     /api/library?t=TERM    library search (SPEC 9)
 
+Every route that names a job, output or object shows only what ``[library]
+visible`` admits (:mod:`spool.visibility`, SPEC 11 invariant 11): the rest is
+left out of listings and answered 404 like something that does not exist.
+
 Safe by construction, not by filtering:
 
 * No URL path ever becomes a file path. After percent-decoding, a path must
@@ -51,7 +55,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import msgspec
 
-from . import overview, thumbs
+from . import overview, thumbs, visibility
 from .config import Config
 from .model import JOB_ID_RE
 from .tree import Tree
@@ -100,25 +104,57 @@ def parse_bind(text: str) -> tuple[str, int]:
 
 
 class StatusSource:
-    """What the page shows, computed at most once per ``CACHE_SECONDS`` for all viewers."""
+    """What the page shows, computed at most once per ``CACHE_SECONDS`` for all viewers.
+
+    Every job, output and object the page names passes :mod:`spool.visibility`'s
+    rule of ``[library] visible`` (never widened here): invisible ones are left out
+    of every listing and answered 404, as unknown ones are."""
 
     def __init__(self, tree: Tree, cfg: Config) -> None:
         self.tree = tree
         self.cfg = cfg
+        self.rule = visibility.rule(cfg)
         self._lock = threading.Lock()
         self._at = -1e9
         self._body = b""
+        #: job ID -> visible; a job's tags never change, so neither does the answer
+        self._seen: dict[str, bool] = {}
+
+    def visible(self, job_id: str) -> bool:
+        """Whether the rule admits the job (its tags are read once per server)."""
+        known = self._seen.get(job_id)
+        if known is not None:
+            return known
+        from .library import job_tags
+
+        tags = job_tags(self.tree, job_id)
+        ok = self.rule.admits(tags)
+        if tags is not None:  # an unknown job may appear later: not remembered
+            if len(self._seen) > 100_000:
+                self._seen.clear()
+            self._seen[job_id] = ok
+        return ok
 
     def status(self) -> bytes:
         with self._lock:
             if time.monotonic() - self._at >= CACHE_SECONDS:
                 ov = overview.overview(self.tree, self.cfg, recent=RECENT)
                 ov["refresh_seconds"] = self.cfg.observe.page_refresh
-                self._body = msgspec.json.encode(ov)
+                self._body = msgspec.json.encode(self._only_visible(ov))
                 self._at = time.monotonic()
             return self._body
 
+    def _only_visible(self, ov: dict[str, Any]) -> dict[str, Any]:
+        """The overview without a row that names an invisible job (counts stay: a
+        number names nothing). Rejected submissions are not jobs and stay listed."""
+        for key in ("running", "failed", "recent"):
+            ov[key] = [r for r in ov[key] if self.visible(r["job_id"])]
+        ov["attention"] = [a for a in ov["attention"] if a["kind"] != "failed" or self.visible(a["subject"])]
+        return ov
+
     def job(self, job_id: str) -> bytes | None:
+        if not self.visible(job_id):
+            return None
         info = overview.job_detail(self.tree, job_id)
         if info is None:
             return None
@@ -134,14 +170,19 @@ class StatusSource:
         terms = parse_qs(query, keep_blank_values=False).get("t", [])
         try:
             q = library.parse_terms(terms, enrich.plugins())
-            res = library.search(self.tree, self.cfg, q, limit=LIBRARY_LIMIT)
+            res = library.search(self.tree, self.cfg, q, limit=LIBRARY_LIMIT, rule=self.rule)
         except SpoolError as exc:
             return HTTPStatus.BAD_REQUEST, msgspec.json.encode({"error": str(exc)})
         return HTTPStatus.OK, msgspec.json.encode(res)
 
     def thumbnail(self, digest: str) -> bytes | None:
         """The JPEG bytes of ``thumbs/<digest>.jpg``, or ``None`` unless it is a
-        regular file, reached without following a symlink, inside the spool."""
+        regular file, reached without following a symlink, inside the spool, of an
+        object a visible job publishes."""
+        from .library import visible_object
+
+        if visible_object(self.tree, self.rule, digest) is None:
+            return None
         folder = thumbs.folder(self.tree)
         try:
             real = folder.resolve(strict=True)
@@ -238,7 +279,7 @@ class Handler(BaseHTTPRequestHandler):
         from .library import resolve
 
         try:
-            got = resolve(self.source.tree, digest)
+            got = resolve(self.source.tree, digest, self.source.rule)
             size = got.path.stat().st_size
             f = open(got.path, "rb")  # noqa: SIM115 - closed below
         except (SpoolError, OSError):

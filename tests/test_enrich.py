@@ -7,6 +7,7 @@ import subprocess
 import textwrap
 from pathlib import Path
 
+import msgspec
 import pytest
 from conftest import minimal, run_cli
 from libhelp import publish
@@ -73,9 +74,15 @@ def test_comparison_syntax():
 
 def test_search_on_a_field_some_assets_lack_is_marked_partial(tree, cfg, assets):
     loud = publish(tree, cfg, minimal(assets, name="loud"))
-    later = publish(
-        tree, cfg, minimal(assets, name="later", steps=[{"op": "trim", "duration": 0.8}, {"op": "encode"}])
+    unmeasured = msgspec.structs.replace(  # the gate measures loudness unless told not to
+        cfg, validation=msgspec.structs.replace(cfg.validation, measure_loudness=False)
     )
+    later = publish(
+        tree,
+        unmeasured,
+        minimal(assets, name="later", steps=[{"op": "trim", "duration": 0.8}, {"op": "encode"}]),
+    )
+    assert json.loads(tree.manifest_file(loud).read_text())["validation"]["media"]["loudness"] < 0
     mute = publish(tree, cfg, minimal(assets, name="mute", sources={"clip": str(assets / "silent.mp4")}))
     assert run_cli("enrich", loud, mute, spool=tree).returncode == 0
 
@@ -84,6 +91,7 @@ def test_search_on_a_field_some_assets_lack_is_marked_partial(tree, cfg, assets)
         assert res.returncode == 0, res.stderr
         return json.loads(res.stdout)
 
+    assert run_cli("enrich", "--field", "facts", later, spool=tree).returncode == 0
     out = search()
     assert [h["job"] for h in out["results"]] == [loud] and out["partial"] == {"loudness": 2}
     assert "partial" in run_cli("search", "campaign=mug", "loudness<0", spool=tree).stderr

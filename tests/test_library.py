@@ -242,7 +242,7 @@ def test_status_page_searches_the_library_and_shows_tags_as_text(tree, assets, d
         assert bad.value.code == 400
         status, headers, body = server.raw("GET", f"/download/{hit['sha256']}")
         assert status == 200 and hashlib.sha256(body).hexdigest() == hit["sha256"]
-        assert headers["content-disposition"] == f'attachment; filename="{hit["sha256"]}.mp4"'
+        assert headers["content-disposition"] == f'attachment; filename="{hit["file"]}"'
         assert server.raw("GET", "/download/" + "0" * 64)[0] == 404
         if not webdriver.available():
             pytest.skip("chromium and chromedriver are not installed (tools/setup installs them)")

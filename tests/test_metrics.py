@@ -233,7 +233,7 @@ def test_queue_gauges_age_and_heartbeats(tree, assets):
 
 def test_exposition_escapes_label_values_and_help():
     fam = metrics.Family("spool_test_total", "counter", 'A "help" with \\ and\na newline.')
-    fam.add(1, worker='a"b\\c\nd', check="ok")
+    fam.add(1, worker='a"b\\c\nd\te\x1b[31mf\x85', check="ok")
     fam2 = metrics.Family("spool_test_seconds", "histogram", "Times.")
     h = metrics.Histogram((0.5, 1.0))
     for v in (0.1, 0.7, 3.0):
@@ -241,7 +241,10 @@ def test_exposition_escapes_label_values_and_help():
     h.fill(fam2, worker="w")
     text = metrics.exposition([fam, fam2])
     series = strict_parse(text)
-    assert values(series, "spool_test_total", worker='a"b\\c\nd') == [1]
+    # control characters are shown as escapes (spool.printable): no value adds a line or a field,
+    # or reaches a terminal as an escape sequence; quote and backslash keep the format's escapes
+    assert values(series, "spool_test_total", worker='a"b\\c\\nd\\te\\x1b[31mf\\x85') == [1]
+    assert len(text.splitlines()) == text.count("\n") and "\x1b" not in text and "\t" not in text
     assert values(series, "spool_test_seconds_bucket", le="0.5") == [1]
     assert values(series, "spool_test_seconds_bucket", le="1") == [2]
     assert values(series, "spool_test_seconds_bucket", le="+Inf") == [3]

@@ -2,7 +2,8 @@
 
 The long run (``tools/torture --jobs 300 --kills 100``) is the same code with
 bigger numbers; its figures are quoted in the issue's closing note. Three
-generation jobs against tools/provsim.py are mixed in (``--generate``).
+generation jobs against tools/provsim.py are mixed in (``--generate``), and
+``spool library adopt`` of 30 clips is killed again and again (``--adopt``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def test_bounded_torture_run_loses_nothing(tmp_path):
     kills = os.environ.get("SPOOL_TORTURE_KILLS", "10")
     proc = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "torture.py"), "--jobs", jobs, "--kills", kills,
-         "--seed", "11", "--generate", "3", "--keep", str(tmp_path / "run"), "--json"],
+         "--seed", "11", "--generate", "3", "--adopt", "30", "--keep", str(tmp_path / "run"), "--json"],
         capture_output=True, text=True, timeout=900,
         env={**os.environ, "PYTHONPATH": str(ROOT / "tools")},
     )  # fmt: skip
@@ -43,4 +44,7 @@ def test_bounded_torture_run_loses_nothing(tmp_path):
     assert f["generations"] == 3
     assert f["generation_complete"] + f["generation_failed"] == 3
     assert 3 <= f["generation_creates"] <= f["generation_attempts"], f
+    # spool library adopt killed again and again, then finished: every file one asset, once
+    assert f["adopt_complete"] == 30 and f["adopt_wrong"] == [], f
+    assert f["adopt_kills"] >= 1
     assert proc.returncode == 0

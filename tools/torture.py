@@ -188,6 +188,7 @@ def _run(args: argparse.Namespace, sim: Any) -> dict[str, object]:
         w.start()
     kills, crash_points, damaged = _kill_at_random(workers, lay.spool, rng, args)
     _drain(workers, lay.views[0], args.timeout)
+    adopted = _adopt_torture(lay, args.adopt, rng, args) if args.adopt else {}
     wall = time.monotonic() - started
     found = _check(lay.spool, ids)
     stray = [n for n in damaged if not (lay.spool / "quarantine" / n).exists()]
@@ -216,7 +217,9 @@ def _run(args: argparse.Namespace, sim: Any) -> dict[str, object]:
     if sim is not None:
         figures |= _generation_figures(lay.spool, gen_ids, sim)
     figures["jobs"] = len(ids)
+    figures |= adopted
     clean = not any(found[k] for k in ("lost", "double", "partial", "fsck", "independent"))
+    clean = clean and not adopted.get("adopt_wrong")
     clean = clean and not figures.get("generation_creates_over_attempts")
     clean = clean and not figures.get("generation_wrong_asset")
     if not args.keep and clean:
@@ -468,6 +471,83 @@ def _drain(workers: list[Worker], view: Path, timeout: float) -> None:
     subprocess.run([SPOOL, "recover", "--spool", str(view)], stdout=subprocess.DEVNULL, check=False)
 
 
+#: Where ``spool library adopt`` may die: between acceptance and claim, and on the publish path.
+ADOPT_POINTS = (
+    "mid_adopt",
+    "after_attempt_dir",
+    "after_store_link",
+    "after_result",
+    "after_manifest",
+    "mid_index",
+    "after_index",
+    "before_complete_rename",
+)
+
+
+def _adopt_torture(lay: Layout, n: int, rng: random.Random, args: argparse.Namespace) -> dict[str, Any]:
+    """``spool library adopt`` of ``n`` clips (made by one FFmpeg run) killed again and again,
+    at its crash points or by SIGKILL at a random moment, then run to the end: every file
+    must be one asset at revision 1 with its own bytes, and a last run must adopt nothing."""
+    folder = lay.assets / "library"
+    flat = lay.base / "segments"
+    flat.mkdir(exist_ok=True)
+    subprocess.run(
+        ["ffmpeg", "-v", "error", "-nostdin", "-y", "-f", "lavfi", "-i", "testsrc=size=32x18:rate=10",
+         "-t", f"{n * 0.2 + 0.1:.1f}", "-c:v", "libx264", "-preset", "ultrafast", "-g", "2",
+         "-keyint_min", "2", "-sc_threshold", "0", "-f", "segment", "-segment_time", "0.2",
+         "-reset_timestamps", "1", "-segment_format", "mp4", str(flat / "c%05d.mp4")],
+        check=True,
+    )  # fmt: skip
+    tags = lay.base / "adopt-tags.csv"
+    rows = ["path,campaign,locale,asset_type,visibility"]
+    for i, seg in enumerate(sorted(flat.iterdir())[:n]):
+        rel = f"c{i % 5}/clip-{i:05d}.mp4"
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.rename(seg, folder / rel)
+        rows.append(f"{rel},torture,en,test,internal")
+    tags.write_text("\n".join(rows) + "\n")
+    argv = [
+        SPOOL,
+        "library",
+        "adopt",
+        str(folder),
+        "--tags",
+        str(tags),
+        "--spool",
+        str(lay.views[0]),
+        "--json",
+    ]
+    kills: Counter[str] = Counter()
+    for _ in range(max(3, args.kills // 4)):
+        env = {k: v for k, v in os.environ.items() if k != "SPOOL_CRASH_AT"}
+        point = rng.choice(ADOPT_POINTS) if rng.random() < 0.5 else None
+        if point:
+            env["SPOOL_CRASH_AT"] = point
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        try:
+            proc.wait(timeout=None if point else rng.uniform(0.3, args.max_gap + 0.5))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.returncode == -signal.SIGKILL:
+            kills[point or "random"] += 1
+    final = subprocess.run(argv, capture_output=True, text=True, timeout=args.timeout)
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=args.timeout)
+    items = json.loads(final.stdout)["items"] if final.stdout.strip() else []
+    counts = json.loads(again.stdout)["counts"] if again.stdout.strip() else {}
+    wrong = [it["path"] for it in items if it["outcome"] not in ("adopted", "already", "resumed")]
+    wrong += [it["path"] for it in items if not (it["job"] or "").endswith("@1")]
+    if counts != {"already": n}:
+        wrong.append(f"second run: {counts}")
+    return {
+        "adopt_files": n,
+        "adopt_kills": sum(kills.values()),
+        "adopt_kills_at": dict(sorted(kills.items())),
+        "adopt_complete": sum(1 for it in items if it["outcome"] in ("adopted", "already", "resumed")),
+        "adopt_wrong": wrong[:10],
+    }
+
+
 def _check(spool: Path, ids: list[str]) -> dict[str, Any]:
     """What the run left: job states, jobs lost or published twice, partial files at final
     paths, and the problems ``spool fsck`` and tools/invariants.py find."""
@@ -563,6 +643,9 @@ def main() -> int:
         default=0.5,
         help="share of the generation jobs that meet a provider fault chosen at random (0 to 1)",
     )
+    ap.add_argument(
+        "--adopt", type=int, default=0, help="clips spool library adopt takes, killed again and again"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     f = run(args)
@@ -607,6 +690,7 @@ def main() -> int:
         or f["damaged_not_quarantined"]
         or f.get("generation_creates_over_attempts")
         or f.get("generation_wrong_asset")
+        or f.get("adopt_wrong")
     )
     return 1 if bad else 0
 

@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from ..printable import printable, printable_all
 from .plain import (
     ago,
     bar,
@@ -40,6 +41,8 @@ __all__ = [
     "open_spool",
     "open_tree",
     "print_json",
+    "printable",
+    "printable_all",
     "unsecret",
 ]
 

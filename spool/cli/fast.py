@@ -25,7 +25,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import EXIT_INVALID, InvalidInput, NotFound, SpoolError
-from .plain import before_command, echo, fail, load_config, open_spool, open_tree, print_json, unsecret
+from ..printable import printable, printable_all
+from .plain import (
+    before_command,
+    echo,
+    fail,
+    load_config,
+    open_spool,
+    open_tree,
+    print_json,
+    unsecret,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -77,12 +87,13 @@ def status(spool: Path | None, as_json: bool, exact: bool = False) -> None:
         return
     from . import views
 
-    console().print(views.status_view(unsecret(ov)))
+    console().print(views.status_view(printable_all(unsecret(ov))))
 
 
 def ls(state: str | None, spool: Path | None, as_json: bool) -> None:
     """``spool ls``: job IDs by listing the state folders (no job file is read)."""
     from .. import status
+    from ..printable import unsafe
 
     try:
         tree = open_tree(spool)
@@ -110,9 +121,12 @@ def ls(state: str | None, spool: Path | None, as_json: bool) -> None:
     lines = []
     for s, ids in found:
         if s == "running":
-            lines += [f"{s:<9} {jid}  {w}" for jid, w in ids]
+            lines += [f"{s:<9} {printable(jid)}  {printable(w)}" for jid, w in ids]
         elif ids:  # one join, not a format per line (100,000 pending jobs)
             head = f"{s:<9} "
+            blob = "\n".join(ids)
+            if unsafe(blob.replace("\n", "")):  # a name no job ID has: escape each (rare)
+                ids = [printable(jid) for jid in ids]
             lines.append(head + f"\n{head}".join(ids))
     sys.stdout.write("".join(line + "\n" for line in lines))
 
@@ -139,7 +153,7 @@ def show(job: str, spool: Path | None, as_json: bool) -> None:
         return
     from . import views
 
-    console().print(views.show_view(unsecret(info)))
+    console().print(views.show_view(printable_all(unsecret(info))))
 
 
 def submit(files: list[Path], spool: Path | None, as_json: bool) -> None:
@@ -162,7 +176,7 @@ def submit(files: list[Path], spool: Path | None, as_json: bool) -> None:
                 {"file": str(f), "job_id": None, "error": str(local), "field": "FILES", "rejected": None}
             )
             if not as_json:
-                echo(f"spool: {local}", err=True)
+                echo(f"spool: {printable(str(local))}", err=True)
             continue
         outcome = accept.submit_file(tree, cfg, f, journal, user)
         if isinstance(outcome, accept.Accepted):
@@ -181,7 +195,7 @@ def submit(files: list[Path], spool: Path | None, as_json: bool) -> None:
                 }
             )
             if not as_json:
-                echo(f"{f}: rejected: {outcome.error}", err=True)
+                echo(f"{printable(str(f))}: rejected: {printable(str(outcome.error))}", err=True)
     if as_json:
         print_json(results)
     if code:
@@ -245,22 +259,34 @@ def search(
         print_json(result)
         return
     for h in result.results:
-        tags = " ".join(f"{k}={v}" for k, v in sorted(h.tags.items()))
+        tags = " ".join(f"{printable(k)}={printable(v)}" for k, v in sorted(h.tags.items()))
         dur = f"{h.duration:.2f}s" if h.duration is not None else "-"
-        echo(f"{h.job}\t{h.sha256[:12]}\t{h.resolution or '-'}\t{dur}\t{h.path}\t{tags}")
+        cells = [h.job, h.sha256[:12], h.resolution or "-", dur, h.path]
+        echo("\t".join([*map(printable, cells), tags]))
     for f, n in sorted(result.partial.items()):
         echo(
-            f"partial: {n} matching asset(s) could not be judged on {f} (spool enrich, or --enrich)", err=True
+            f"partial: {n} matching asset(s) could not be judged on {printable(f)} "
+            "(spool enrich, or --enrich)",
+            err=True,
         )
 
 
-def get(ref: str, spool: Path | None, as_json: bool, to: Path | None = None, link: bool = False) -> None:
-    """``spool get``: the path of a verified published file, or a verified copy in ``to``."""
+def get(
+    ref: str,
+    spool: Path | None,
+    as_json: bool,
+    to: Path | None = None,
+    link: bool = False,
+    visibility: list[str] | None = None,
+) -> None:
+    """``spool get``: the path of a verified published file, or a verified copy in ``to``;
+    only what ``[library] visible`` (widened by ``visibility``) admits."""
     from .. import library
+    from .. import visibility as vis
 
-    tree = open_spool(spool, as_json)[0]
+    tree, cfg = open_spool(spool, as_json)
     try:
-        got = library.resolve(tree, ref)
+        got = library.resolve(tree, ref, vis.rule(cfg, visibility or ()))
         path = library.copy_to(got, to, link=link) if to is not None else got.path
     except SpoolError as exc:
         raise fail(exc, as_json) from None
@@ -269,20 +295,19 @@ def get(ref: str, spool: Path | None, as_json: bool, to: Path | None = None, lin
     if as_json:
         print_json({"job": got.job, "sha256": got.sha256, "path": str(path)})
         return
-    echo(str(path))
+    echo(printable(str(path)))
 
 
-def show_asset(name: str, spool: Path | None, as_json: bool) -> None:
-    """``spool show NAME`` (no ``@``): the versions of an asset and which one is current."""
+def show_asset(name: str, spool: Path | None, as_json: bool, visibility: list[str] | None = None) -> None:
+    """``spool show NAME`` (no ``@``): the versions of an asset and which one is current;
+    only versions ``[library] visible`` (widened by ``visibility``) admits."""
     from .. import library
+    from .. import visibility as vis
     from ..model import Manifest
     from ..records import read
 
-    try:
-        tree = open_tree(spool)
-    except SpoolError as exc:
-        raise fail(exc, as_json) from None
-    vs = library.versions(tree, name)
+    tree, cfg = open_spool(spool, as_json)
+    vs = library.versions(tree, name, vis.rule(cfg, visibility or ()))
     if not vs:
         raise fail(NotFound(f"no asset or job {name} in {tree.root}"), as_json)
     if as_json:
@@ -293,7 +318,8 @@ def show_asset(name: str, spool: Path | None, as_json: bool) -> None:
         m = read(tree.manifest_file(v.job), Manifest)
         when = "-" if m is None else m.published_at.isoformat(timespec="seconds")
         mark = "* current" if v.current else ""
-        echo(f"{v.job}\t{v.state}\t{(v.sha256 or '-')[:12]}\t{when}\t{mark}".rstrip())
+        row = [v.job, v.state, (v.sha256 or "-")[:12], when, mark]
+        echo("\t".join(map(printable, row)).rstrip())
 
 
 # -- the command line -------------------------------------------------------------------
@@ -335,7 +361,7 @@ FLAGS = {
     "search": {"--json", "--all-versions", "--enrich"},
     "get": {"--json", "--link"},
 }
-VALUED = {"search": {"--limit", "--visibility"}, "get": {"--to"}}
+VALUED = {"search": {"--limit", "--visibility"}, "get": {"--to", "--visibility"}, "show": {"--visibility"}}
 #: Valued options that may be given more than once (each adds a value).
 REPEATABLE = {"--visibility"}
 
@@ -417,7 +443,8 @@ def _command(
     if command == "show" and len(args) == 1:
         if "@" in args[0]:
             return partial(show, args[0], where, as_json)
-        return partial(show_asset, args[0], where, as_json)  # an asset name: the library
+        # an asset name: the library
+        return partial(show_asset, args[0], where, as_json, values.get("--visibility"))
     if command == "submit" and args and all(_click_accepts(a) for a in args):
         return partial(submit, [Path(a) for a in args], where, as_json)
     if command == "search":
@@ -427,5 +454,13 @@ def _command(
         )
     if command == "get" and len(args) == 1:
         to = values.get("--to")
-        return partial(get, args[0], where, as_json, Path(to[0]) if to else None, "--link" in given)
+        return partial(
+            get,
+            args[0],
+            where,
+            as_json,
+            Path(to[0]) if to else None,
+            "--link" in given,
+            values.get("--visibility"),
+        )
     return None

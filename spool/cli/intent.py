@@ -14,7 +14,7 @@ from ..decoding import parse_json
 from ..errors import InvalidInput, SpoolError
 from ..events import Journal, cli_writer
 from ..tree import Tree
-from .common import JsonOpt, SpoolOpt, app, echo, fail, open_spool, open_tree, print_json
+from .common import JsonOpt, SpoolOpt, app, echo, fail, open_spool, open_tree, print_json, printable
 
 JobArg = Annotated[str, typer.Argument(help="Job ID (name@revision).")]
 ByOpt = Annotated[str | None, typer.Option("--by", help="Who does this (default: your user name).")]
@@ -43,7 +43,7 @@ def _move(
     if as_json:
         print_json({"job_id": job, "state": state})
     else:
-        typer.echo(f"{job}: {said}")
+        typer.echo(f"{printable(job)}: {said}")
 
 
 @app.command("retry")
@@ -79,7 +79,7 @@ def retry_cmd(
             out |= {"submits_again": True, "cost": cost}
         print_json(out)
     else:
-        typer.echo(f"{job}: pending (retry)")
+        typer.echo(f"{printable(job)}: pending (retry)")
 
 
 @app.command()
@@ -158,9 +158,9 @@ def cancel(
     if as_json:
         print_json({"job_id": job, "state": state})
     elif state == "failed":
-        typer.echo(f"{job}: cancelled")
+        typer.echo(f"{printable(job)}: cancelled")
     else:
-        typer.echo(f"{job}: too late to cancel, it is {state}")
+        typer.echo(f"{printable(job)}: too late to cancel, it is {state}")
 
 
 @app.command()
@@ -185,7 +185,8 @@ def approve(
     if as_json:
         print_json({"approval": rec, "new": new})
     else:
-        typer.echo(f"{job}: approved by {rec.by} (sha256 {rec.sha256[:16]})" + ("" if new else ", already"))
+        said = f"approved by {printable(rec.by)} (sha256 {rec.sha256[:16]})" + ("" if new else ", already")
+        typer.echo(f"{printable(job)}: {said}")
 
 
 @app.command()

@@ -13,7 +13,7 @@ from ..index import NAME_RE
 from ..model import JOB_ID_RE
 from ..tree import Tree
 from . import fast
-from .common import JsonOpt, SpoolOpt, app, fail, open_spool, print_json
+from .common import JsonOpt, SpoolOpt, app, echo, fail, open_spool, print_json, printable
 
 
 @app.command("search")
@@ -50,11 +50,16 @@ def get_cmd(
         bool,
         typer.Option("--link", help="With --to: hard-link instead of copying (shares the store's file)."),
     ] = False,
+    visibility: Annotated[
+        list[str] | None,
+        typer.Option("--visibility", help="Also find this visibility (repeatable); see [library] visible."),
+    ] = None,
     spool: SpoolOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Print the path of a verified published file, or put a verified copy into --to."""
-    fast.get(ref, spool, as_json, to, link)
+    """Print the path of a verified published file, or put a verified copy into --to;
+    an asset [library] visible does not admit is not found (exit 4)."""
+    fast.get(ref, spool, as_json, to, link, visibility)
 
 
 @app.command("enrich")
@@ -89,9 +94,8 @@ def enrich_cmd(
         return
     for row in out:
         notes = "; ".join(f"{k}: {v}" for k, v in sorted(row["notes"].items()))
-        typer.echo(
-            f"{row['job']}\t{row['sha256'][:12]}\t{','.join(row['done'])}" + (f"\t({notes})" if notes else "")
-        )
+        fields = [row["job"], row["sha256"][:12], ",".join(row["done"])] + ([f"({notes})"] if notes else [])
+        typer.echo("\t".join(map(printable, fields)))
 
 
 def _targets(tree: Tree, cfg: Any, refs: list[str]) -> list[tuple[str, library.Got]]:
@@ -145,9 +149,120 @@ def index_cmd(
         )
     else:
         for f in findings:
-            typer.echo(f"{'repaired' if f.repaired else 'found'}\t{f.path}: {f.problem}")
+            verb = "repaired" if f.repaired else "found"
+            typer.echo(f"{verb}\t{printable(f.path)}: {printable(f.problem)}")
         typer.echo(f"index: {tags} tag entries, {versions} versions")
         if delay:
             typer.echo(f"stored -> indexed: median {delay['median']:.4f} s, max {delay['max']:.4f} s")
     if any(not f.repaired for f in findings):
         raise typer.Exit(1)
+
+
+# -- spool library adopt ------------------------------------------------------------------
+
+library_app = typer.Typer(
+    help="The asset library as a whole: adopt an existing folder of media.", no_args_is_help=True
+)
+app.add_typer(library_app, name="library")
+
+
+@library_app.command("adopt")
+def adopt_cmd(
+    folder: Annotated[Path, typer.Argument(help="The folder of existing media (inside [assets] roots).")],
+    tags: Annotated[
+        Path | None,
+        typer.Option("--tags", help="CSV: path,name,<tag>,...; else each file's <file>.tags.json."),
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; change nothing.")] = False,
+    shadow: Annotated[
+        Path | None,
+        typer.Option(
+            "--shadow",
+            help="Compare this catalogue export (path,id,<tag>... or tags=k=v;k=v) with what spool "
+            "would index; print every difference; change nothing.",
+        ),
+    ] = None,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, max=64, help="Files in flight at once.")] = 4,
+    all_lines: Annotated[
+        bool, typer.Option("--all", help="Also print the files adopted before (outcome 'already').")
+    ] = False,
+    spool: SpoolOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Publish every media file of FOLDER as a version with its tags, without re-rendering.
+
+    A file lacking a required tag is listed with what it lacks and not adopted; a second
+    run adopts nothing twice; an interrupted run is finished by running it again. Exit 0
+    when every file is adopted, 1 when some are not (untagged, invalid, failed)."""
+    import sys
+
+    from .. import adopt
+
+    tree, cfg = open_spool(spool, as_json)
+    try:
+        real = adopt.inside_roots(folder, cfg.asset_roots(tree.root))
+        rows = adopt.read_tags_csv(tags, real) if tags is not None else {}
+        if shadow is not None:
+            diffs = adopt.shadow(tree, cfg, folder, adopt.read_catalogue(shadow, real), rows, jobs)
+        else:
+            show = None if as_json else _progress(sys.stderr)
+            run = adopt.Adoption(tree, cfg, folder, rows, dry_run=dry_run, jobs=jobs, progress=show)
+            rep = run.run()
+    except SpoolError as exc:
+        raise fail(exc, as_json) from None
+    if shadow is not None:
+        if as_json:
+            print_json({"differences": [d.__dict__ for d in diffs]})
+        else:
+            for d in diffs:
+                typer.echo("\t".join(map(printable, (d.kind, d.path, d.detail))))
+            echo(f"shadow: {len(diffs)} difference(s); nothing was changed", err=True)
+        raise typer.Exit(1 if diffs else 0)
+    if as_json:
+        print_json(
+            {
+                "dry_run": rep.dry_run,
+                "counts": rep.counts(),
+                "items": [it.__dict__ for it in rep.items],
+                "unsupported": rep.unsupported,
+                "seconds": round(rep.seconds, 3),
+            }
+        )
+    else:
+        for it in rep.items:
+            if it.outcome != "already" or it.reason or all_lines:
+                typer.echo("\t".join(map(printable, adopt.plain_line(it).split("\t"))))
+        for rel in rep.unsupported:
+            typer.echo(f"unsupported\t-\t{printable(rel)}\tnot a container spool publishes (mp4, mov, webm)")
+        echo(adopt.summary(rep), err=True)
+    if not rep.dry_run and not rep.complete:
+        raise typer.Exit(1)
+
+
+def _progress(stream: Any) -> Any:
+    """Files, bytes and rate as adoption goes: a bar on a terminal, else a line every 5 s."""
+    import time
+
+    from .views import human_bytes
+
+    started = time.monotonic()
+    last = [0.0]
+    tty = stream.isatty()
+
+    def show(files: int, total: int, done: int, size: int) -> None:
+        now = time.monotonic()
+        if files < total and now - last[0] < (0.2 if tty else 5.0):
+            return
+        last[0] = now
+        secs = max(now - started, 1e-6)
+        width = 30
+        filled = int(width * files / total) if total else width
+        line = (
+            f"[{'#' * filled}{'-' * (width - filled)}] {files:,}/{total:,} files, "
+            f"{human_bytes(done)} of {human_bytes(size)}, {human_bytes(int(done / secs))}/s, "
+            f"{files / secs:.1f} files/s"
+        )
+        stream.write(("\r" + line + ("\n" if files >= total else "")) if tty else line + "\n")
+        stream.flush()
+
+    return show

@@ -19,7 +19,17 @@ import typer
 from .. import eventlog, overview, status
 from ..errors import InvalidInput, NotFound, NotReady, SpoolError
 from . import fast, views
-from .common import JsonOpt, SpoolOpt, app, fail, open_spool, open_tree, print_json, unsecret
+from .common import (
+    JsonOpt,
+    SpoolOpt,
+    app,
+    fail,
+    open_spool,
+    open_tree,
+    print_json,
+    printable_all,
+    unsecret,
+)
 
 
 @app.command("status")
@@ -55,7 +65,9 @@ def watch(
     try:
         with Live(console=console, screen=console.is_terminal, auto_refresh=False) as live:
             while True:
-                live.update(views.status_view(unsecret(overview.overview(tree, cfg))), refresh=True)
+                live.update(
+                    views.status_view(printable_all(unsecret(overview.overview(tree, cfg)))), refresh=True
+                )
                 time.sleep(interval)
     except KeyboardInterrupt:
         pass
@@ -76,12 +88,16 @@ def ls_cmd(
 @app.command()
 def show(
     job: Annotated[str, typer.Argument(help="Job ID (name@revision), or an asset name for its versions.")],
+    visibility: Annotated[
+        list[str] | None,
+        typer.Option("--visibility", help="With an asset name: also list this visibility (repeatable)."),
+    ] = None,
     spool: SpoolOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """One job: its timeline, attempts, failure, manifest and approvals."""
     if "@" not in job:  # an asset name: its versions (the library, SPEC 9)
-        return fast.show_asset(job, spool, as_json)
+        return fast.show_asset(job, spool, as_json, visibility)
     fast.show(job, spool, as_json)
 
 
@@ -194,7 +210,7 @@ def events(
             if as_json:
                 out.write(line.raw)
             else:
-                console.print(views.event_line(unsecret(line.event)))
+                console.print(views.event_line(printable_all(unsecret(line.event))))
         sys.stdout.flush()
 
     follower = eventlog.Follower(tree, job)

@@ -1,6 +1,11 @@
 """What every command shares, without typer: finding the spool, its config,
 JSON and one-line errors, and the one place output is masked.
 
+Every field a plain (not ``--json``) command prints passes
+:func:`spool.printable.printable` (records laid out by rich:
+:func:`spool.printable.printable_all`), so no tag, name, reason or path can
+add a line or a field, or send the terminal an escape sequence.
+
 Importing this costs no typer and no rich, so the commands scripts call in
 loops (:mod:`.fast`) run without building the typer app.
 
@@ -23,6 +28,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
 
 from .. import secrets
 from ..errors import InvalidInput, NotFound, SpoolError
+from ..printable import printable
 from ..tree import Tree
 
 if TYPE_CHECKING:
@@ -215,7 +221,7 @@ def fail(exc: SpoolError, as_json: bool) -> SystemExit:
     if as_json:
         print_json({"error": str(exc), "exit_code": exc.exit_code})
     else:
-        echo(f"spool: {exc}", err=True)
+        echo(f"spool: {printable(str(exc))}", err=True)
     return SystemExit(exc.exit_code)
 
 

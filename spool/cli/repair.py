@@ -11,6 +11,7 @@ from ..events import Journal
 from ..model import Manifest
 from ..tree import HOST
 from .common import JsonOpt, SpoolOpt, app, fail, open_spool, print_json
+from .common import printable as pr
 
 #: The identity ``spool recover`` acts under while it holds recovered jobs.
 RECOVERER = f"{HOST}-recover"
@@ -80,12 +81,12 @@ def recover_cmd(
         typer.echo("nothing to recover: no other worker holds jobs in running/")
     for p in plans:
         verb = ("would recover" if dry_run else "recovering") if p.act else "leaving"
-        typer.echo(f"{p.worker}: {p.health}: {p.evidence}")
-        typer.echo(f"  {verb} its {len(p.jobs)} job(s): {p.why}")
+        typer.echo(f"{pr(p.worker)}: {p.health}: {pr(p.evidence)}")
+        typer.echo(f"  {verb} its {len(p.jobs)} job(s): {pr(p.why)}")
         for o in p.jobs:
-            typer.echo(f"    {o.job_id}: {o.decision} -> {o.to_state}: {o.reason}")
+            typer.echo(f"    {pr(o.job_id)}: {o.decision} -> {o.to_state}: {pr(o.reason)}")
     for o in done:
-        typer.echo(f"recovered {o.job_id}: {o.decision} -> {o.to_state}")
+        typer.echo(f"recovered {pr(o.job_id)}: {o.decision} -> {o.to_state}")
 
 
 @app.command("fsck")
@@ -108,9 +109,9 @@ def fsck_cmd(
     else:
         for p in problems:
             tag = "repaired" if p.repaired else "PROBLEM"
-            line = f"{tag:<8} invariant {p.invariant}: {p.path}: {p.problem}"
+            line = f"{tag:<8} invariant {p.invariant}: {pr(p.path)}: {pr(p.problem)}"
             if p.repair:
-                line += f" ({'did' if p.repaired else 'fix'}: {p.repair})"
+                line += f" ({'did' if p.repaired else 'fix'}: {pr(p.repair)})"
             typer.echo(line)
         typer.echo("clean" if not remaining else f"{len(remaining)} problem(s) need attention")
     if remaining:
@@ -196,8 +197,8 @@ def verify_cmd(
     else:
         for r in rows:
             typer.echo(
-                f"{'ok' if r['ok'] else 'BAD':<4} {r['job_id']}"
-                + (f": {r['problem']}" if r["problem"] else "")
+                f"{'ok' if r['ok'] else 'BAD':<4} {pr(r['job_id'])}"
+                + (f": {pr(r['problem'])}" if r["problem"] else "")
             )
         typer.echo(f"{len(rows) - len(bad_rows)} of {len(rows)} verified")
     codes = {r["exit_code"] for r in bad_rows}

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from ..errors import NotFound
-from .common import JsonOpt, SpoolOpt, app, fail, open_spool, print_json
+from .common import JsonOpt, SpoolOpt, app, fail, open_spool, print_json, printable
 
 worker_app = typer.Typer(help="Workers: lift a host quarantine.", no_args_is_help=True)
 app.add_typer(worker_app, name="worker")
@@ -29,4 +29,4 @@ def release_cmd(
     if as_json:
         print_json({"worker": worker, "released": True, "was": q.reason})
     else:
-        typer.echo(f"{worker}: released (was quarantined: {q.reason})")
+        typer.echo(f"{printable(worker)}: released (was quarantined: {printable(q.reason)})")

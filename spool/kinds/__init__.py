@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .adopt import AdoptJob
     from .base import RENDER_POOL, Kind, Produced
     from .generate.spec import GenerateJob
     from .noop import NoopJob
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = [
     "KINDS",
     "RENDER_POOL",
+    "AdoptJob",
     "GenerateJob",
     "Job",
     "Kind",

@@ -14,7 +14,8 @@ import msgspec
 
 from ..errors import InvalidInput
 from ..model import JobBase
-from . import noop, render
+from . import adopt, noop, render
+from .adopt import AdoptJob
 from .base import RENDER_POOL, Kind, Produced
 from .generate import kind as generate
 from .generate.spec import GenerateJob
@@ -22,16 +23,17 @@ from .noop import NoopJob
 from .render import RenderJob
 
 #: Every kind spool runs, by the name submissions use as ``"operation"``.
-KINDS: dict[str, Kind[Any]] = {k.name: k for k in (render.KIND, noop.KIND, generate.KIND)}
+KINDS: dict[str, Kind[Any]] = {k.name: k for k in (render.KIND, noop.KIND, generate.KIND, adopt.KIND)}
 
 #: A job file of any kind: a tagged union on ``"operation"``.
-Job = RenderJob | NoopJob | GenerateJob
+Job = RenderJob | NoopJob | GenerateJob | AdoptJob
 
 _decoder = msgspec.json.Decoder(Job)
 
 __all__ = [
     "KINDS",
     "RENDER_POOL",
+    "AdoptJob",
     "GenerateJob",
     "Job",
     "Kind",

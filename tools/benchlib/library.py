@@ -1,4 +1,5 @@
-"""Library: search over 100,000 indexed assets, the cost of indexing in publish, index size.
+"""Library: search over 100,000 indexed assets, the cost of indexing in publish, index size,
+and adopting an existing folder (:mod:`.adoption`).
 
 The tree is built fast on the local disk: for each asset a complete job file,
 a manifest, a tiny store object and its index entries (the layout
@@ -24,6 +25,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from . import adoption
 from .common import (
     SPOOL,
     Row,
@@ -112,7 +114,7 @@ def build(root: Path, n: int) -> None:
         _write(tree.manifest_file(f"asset-{i:06d}@1"), encode(m))
         job = noop_job(f"asset-{i:06d}", _tags(i), t)
         _write(tree.job_file("complete", job.job_id), encode(job))
-        for tag, value in _tags(i).items():
+        for tag, value in index.wanted(m, list(_tags(i))):  # type: ignore[arg-type]
             d = index.tag_dir(tree, tag, value)
             if d not in made:
                 d.mkdir(parents=True, exist_ok=True)
@@ -173,6 +175,7 @@ def keys(mode: str) -> list[str]:
         "library.index_cost.disk",
         "library.index_bytes",
         "library.index_inodes",
+        *adoption.keys(mode),
     ]
 
 
@@ -256,9 +259,12 @@ def run(mode: str) -> tuple[list[Row], list[str]]:
         Row(key="library.index_bytes", measure="index size per asset (allocated)", unit="B", spool=size / n),
         Row(key="library.index_inodes", measure="  index inodes per asset", unit="count", spool=inodes / n),
     ]
+    more, adopt_notes = adoption.run(mode)
+    rows += more
     notes = [
         "library: a tree of complete, indexed no-op assets built without fsync on the local disk; "
         "search_call is in-process after a warm-up; search_cli vs status are real commands, interleaved; "
-        "index_cost times spool.index.index_job alone (what the publish path adds)."
+        "index_cost times spool.index.index_job alone (what the publish path adds).",
+        *adopt_notes,
     ]
     return rows, notes
