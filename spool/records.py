@@ -28,6 +28,10 @@ def read(path: Path, typ: Any, *, replaced: bool = False) -> Any:
     (measured on sshfs: the next read is whole). ``replaced=True`` marks a file
     that is rewritten in place, where a missing file is retried too: sshfs
     answers ENOENT to a reader on the writer's own mount while it replaces it.
+
+    An empty or torn record left by a power cut (the file's name was durable, its
+    bytes were not: SPEC 11.9) reads as ``None`` too, at once once the file is
+    older than :data:`SETTLED` seconds: nobody is replacing it, so no retry helps.
     """
     for pause in (*READ_RETRY_PAUSES, None):
         try:
@@ -38,7 +42,36 @@ def read(path: Path, typ: Any, *, replaced: bool = False) -> Any:
         except OSError:
             return None
         except msgspec.DecodeError as exc:
-            if pause is None or "truncated" not in str(exc):
+            if pause is None or "truncated" not in str(exc) or settled(path):
                 return None
         time.sleep(pause)
+    return None
+
+
+#: A record not modified for this long is not being replaced right now (seconds).
+SETTLED = 5.0
+
+
+def settled(path: Path) -> bool:
+    """Whether ``path`` was last changed more than :data:`SETTLED` seconds ago."""
+    try:
+        return time.time() - path.stat().st_mtime > SETTLED
+    except OSError:
+        return False
+
+
+def damaged(path: Path, typ: Any) -> str | None:
+    """Why an existing record file cannot be read as ``typ`` (``"empty"``, ``"torn"``:
+    not the record it should be), or ``None`` when it reads (or is gone). For
+    ``spool fsck`` and ``spool show``: the records a power cut may leave empty."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if not data.strip(b"\0 \n\t"):
+        return "empty"
+    try:
+        decode(data, typ)
+    except msgspec.DecodeError:
+        return "torn"
     return None

@@ -25,6 +25,7 @@ import re
 import stat
 import sys
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -155,14 +156,37 @@ def is_visible(name: str) -> bool:
     return not name.startswith(".") and not name.endswith(".tmp")
 
 
+#: What must be durable before any folder of the tree is fsynced: the journals of this
+#: process (:class:`spool.events.Journal` registers itself), so a journal line is never
+#: older than the last fsync of the tree and still lost in a power cut. Weak: a journal
+#: that nobody holds any more drops out.
+_riders: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def ride_folder_fsyncs(rider: Any) -> None:
+    """Have ``rider.commit()`` called before every folder fsync of this process (and by
+    :func:`commit_riders`). ``commit`` must be cheap when there is nothing to make durable."""
+    _riders.add(rider)
+
+
+def commit_riders() -> None:
+    """Make every rider's writes durable now (a command's end, a daemon's heartbeat or stop)."""
+    for rider in list(_riders):
+        rider.commit()
+
+
 def fsync_dir(path: Path) -> None:
     """Make a folder's entries (new names, renames, removals) durable.
 
-    Through :mod:`spool.groupcommit`: a plain fsync, unless a daemon installed
-    a coalescer (threads share one fsync of a folder) or this thread is in a
-    ``together()`` batch (done when the batch ends, before anything is told).
-    Neither can be so unless that module was imported, so a command that never
-    imports it (the lean CLI) does not pay for it (threading, its lock)."""
+    The riders (this process's journals) are made durable first: the journal's
+    group commit rides on the tree's. Then through :mod:`spool.groupcommit`: a
+    plain fsync, unless a daemon installed a coalescer (threads share one fsync
+    of a folder) or this thread is in a ``together()`` batch (done when the
+    batch ends, before anything is told). Neither can be so unless that module
+    was imported, so a command that never imports it (the lean CLI) does not
+    pay for it (threading, its lock)."""
+    if _riders:
+        commit_riders()
     gc = sys.modules.get("spool.groupcommit")
     if gc is not None:
         gc.sync_folder(path)

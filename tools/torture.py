@@ -271,8 +271,31 @@ def _submit(lay: Layout, jobs: int, rng: random.Random) -> list[str]:
 
 def _submit_generations(lay: Layout, n: int, sim: Any) -> list[str]:
     """Configure the simulator as ``[providers.sim]`` and drop ``n`` generation jobs."""
+    provider_settings(lay.spool, sim)
+    ids = []
+    for i in range(n):
+        tmp = lay.spool / "incoming" / f"g{i:04d}.json.tmp"
+        tmp.write_text(json.dumps(generation(i)))
+        os.rename(tmp, lay.spool / "incoming" / f"g{i:04d}.json")
+        ids.append(f"g{i:04d}@1")
+    return ids
+
+
+def generation(i: int) -> dict[str, object]:
+    """Generation submission ``i`` (job ``g<i>@1``) against ``[providers.sim]``."""
+    return {
+        "name": f"g{i:04d}",
+        "operation": "generate",
+        "generate": {"provider": "sim", "model": "acme/video-1", "input": {"prompt": f"torture {i}"}},
+        "output": {"expect": {"width": 320, "height": 180}},
+        "tags": TAGS,
+    }
+
+
+def provider_settings(spool: Path, sim: Any) -> None:
+    """The simulator as ``[providers.sim]`` of the spool, with quick polls."""
     settings.write(
-        lay.spool / "spool.toml",
+        spool / "spool.toml",
         {
             "providers": {
                 "sim": {
@@ -287,20 +310,6 @@ def _submit_generations(lay: Layout, n: int, sim: Any) -> list[str]:
             }
         },
     )
-    ids = []
-    for i in range(n):
-        sub = {
-            "name": f"g{i:04d}",
-            "operation": "generate",
-            "generate": {"provider": "sim", "model": "acme/video-1", "input": {"prompt": f"torture {i}"}},
-            "output": {"expect": {"width": 320, "height": 180}},
-            "tags": TAGS,
-        }
-        tmp = lay.spool / "incoming" / f"g{i:04d}.json.tmp"
-        tmp.write_text(json.dumps(sub))
-        os.rename(tmp, lay.spool / "incoming" / f"g{i:04d}.json")
-        ids.append(f"g{i:04d}@1")
-    return ids
 
 
 def _generation_figures(spool: Path, ids: list[str], sim: Any) -> dict[str, object]:
