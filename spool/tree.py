@@ -25,7 +25,6 @@ import re
 import stat
 import sys
 import time
-import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -156,17 +155,21 @@ def is_visible(name: str) -> bool:
     return not name.startswith(".") and not name.endswith(".tmp")
 
 
-#: What must be durable before any folder of the tree is fsynced: the journals of this
-#: process (:class:`spool.events.Journal` registers itself), so a journal line is never
-#: older than the last fsync of the tree and still lost in a power cut. Weak: a journal
-#: that nobody holds any more drops out.
-_riders: weakref.WeakSet[Any] = weakref.WeakSet()
+#: What must be durable before any folder of the tree is fsynced: this process's journal
+#: files with lines not yet fsynced (:mod:`spool.events` adds one when it writes a line
+#: and takes it off once it is durable), so a journal line is never older than the last
+#: fsync of the tree and still lost in a power cut.
+_riders: set[Any] = set()
 
 
 def ride_folder_fsyncs(rider: Any) -> None:
-    """Have ``rider.commit()`` called before every folder fsync of this process (and by
-    :func:`commit_riders`). ``commit`` must be cheap when there is nothing to make durable."""
+    """Have ``rider.commit()`` called before the next folder fsync of this process (and by
+    :func:`commit_riders`), until :func:`stop_riding` takes it off."""
     _riders.add(rider)
+
+
+def stop_riding(rider: Any) -> None:
+    _riders.discard(rider)
 
 
 def commit_riders() -> None:

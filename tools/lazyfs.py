@@ -82,10 +82,12 @@ class LazyFS:
         if self._done_fd is None:
             self._done_fd = os.open(self.done, os.O_RDONLY | os.O_NONBLOCK)
         out = open(self.base / "lazyfs.out", "ab")  # noqa: SIM115 - owned by the child
+        # The config path is given relative to the base: LazyFS ignores a --config-path
+        # containing "-o" anywhere (say /tmp/pytest-of-root/...) and looks for its default.
         self.proc = subprocess.Popen(
-            ["lazyfs", str(self.mnt), "--config-path", str(self.config), "-o", "allow_other",
+            ["lazyfs", str(self.mnt), "--config-path", self.config.name, "-o", "allow_other",
              "-o", "modules=subdir", "-o", f"subdir={self.backing}", "-f"],  # -f: stays our child
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.base,
         )  # fmt: skip
         out.close()
         deadline = time.monotonic() + 20

@@ -254,11 +254,11 @@ class Run:
 
     def _drain_and_check(self) -> None:
         torture._drain(self.workers, self.spool, self.args.timeout)
-        fix = _fsck(self.spool, repair=True)
+        fix = torture._fsck(self.spool, repair=True)
         for p in fix:
             if p.get("repaired"):
                 self.f[_repair_kind(p)] += 1
-        left = _fsck(self.spool, repair=False)
+        left = torture._fsck(self.spool, repair=False)
         for p in left:
             self.note("fsck_problems", f"{p.get('path')}: {p.get('problem')}")
         for p in invariants.check(self.spool):
@@ -324,16 +324,6 @@ def _journal_lines(spool: Path) -> dict[str, int]:
         except OSError:
             out[f.name] = 0
     return out
-
-
-def _fsck(spool: Path, *, repair: bool) -> list[dict[str, Any]]:
-    args = [SPOOL, "fsck", "--spool", str(spool), "--json", "--settle", "0"]
-    r = subprocess.run(args if repair else [*args, "--no-repair"], capture_output=True, text=True)
-    try:
-        problems: list[dict[str, Any]] = json.loads(r.stdout)["problems"]
-    except (ValueError, KeyError):
-        return [{"path": "(fsck)", "problem": f"exit {r.returncode}: {r.stderr[-300:]}", "repaired": False}]
-    return problems
 
 
 def _repair_kind(p: dict[str, Any]) -> str:
