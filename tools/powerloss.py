@@ -452,6 +452,11 @@ def main() -> int:
     ap.add_argument("--keep", help="build everything here and keep it")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # unwind: daemons killed, simulator stopped, LazyFS unmounted
+
+    signal.signal(signal.SIGTERM, stop)
     f = run(args)
     if args.json:
         print(json.dumps(f, indent=2))
