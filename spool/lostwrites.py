@@ -174,34 +174,64 @@ class Gap:
     attempt: int | None
 
 
-def last_states(tree: Tree) -> dict[str, tuple[Any, str]]:
-    """Each job's last journal line about a queue state: job -> (ts, to)."""
+@dataclass
+class _Told:
+    """What the journal tells of one job: whether it ever said complete, and when it last
+    said failed and last told of a move out of failed (an operator's retry)."""
+
+    complete: bool = False
+    failed: Any = None
+    left_failed: Any = None
+    last: str | None = None  # the last queue state a line named
+
+
+def told(tree: Tree) -> dict[str, _Told]:
+    """Each job's story as the journal tells it, every writer merged in time order."""
     from .eventlog import Follower
 
-    last: dict[str, tuple[Any, str]] = {}
+    out: dict[str, _Told] = {}
     for line in Follower(tree).poll():  # merged in time order
         ev = line.event
+        if ev.to not in QUEUE_STATES and ev.from_ != "failed":
+            continue
+        t = out.setdefault(ev.job, _Told())
         if ev.to in QUEUE_STATES:
-            last[ev.job] = (ev.ts, ev.to)
-    return last
+            t.last = ev.to
+        if ev.to == "complete":
+            t.complete = True
+        elif ev.to == "failed":
+            t.failed = ev.ts
+        if ev.from_ == "failed":
+            t.left_failed = ev.ts
+    return out
+
+
+def _tells(t: _Told | None, state: str) -> bool:
+    """Whether the journal tells that the job is in ``state`` now. ``complete`` is for
+    good (one line is enough, whatever came after: a drop delivered again after a crash
+    is journaled as accepted); ``failed`` must not have been left since."""
+    if t is None:
+        return False
+    if state == "complete":
+        return t.complete
+    if state == "failed":
+        return t.failed is not None and (t.left_failed is None or t.left_failed < t.failed)
+    return True  # pending: any line at all (waiting again after a retry, a release, an interruption)
 
 
 def journal_gaps(tree: Tree, settle: float = SETTLE) -> list[Gap]:
-    """Jobs in ``complete/`` or ``failed/`` (settled) whose journal's last state line
-    says another state or nothing, and jobs in ``pending/`` the journal never saw."""
+    """Jobs in ``complete/`` or ``failed/`` (settled) whose journal does not tell it, and
+    jobs in ``pending/`` the journal never saw."""
     now = time.time()
-    told = last_states(tree)
+    story = told(tree)
     out = []
     for state in ("complete", "failed", "pending"):
         for name in sorted(visible_names(tree.root / state)):
             jid = name[:-5]
-            seen = told.get(jid)
-            said = seen[1] if seen else None
-            if state == "pending" and seen is not None:
-                continue  # waiting again after a retry, a release, an interruption: told some way
-            if said == state or not _settled(tree.job_file(state, jid), now, settle):
+            t = story.get(jid)
+            if _tells(t, state) or not _settled(tree.job_file(state, jid), now, settle):
                 continue
-            out.append(Gap(jid, state, said, _attempt_of(tree, jid, state)))
+            out.append(Gap(jid, state, t.last if t else None, _attempt_of(tree, jid, state)))
     return out
 
 
