@@ -517,6 +517,12 @@ def main() -> int:
         print(json.dumps(f, indent=2))
     else:
         rec = " ".join(f"{k}={v}" for k, v in f["recoveries"].items()) or "none"  # type: ignore[union-attr]
+        if "generations" in f:
+            rec += (
+                f" | generations={f['generations']} (complete {f['generation_complete']}, failed "
+                f"{f['generation_failed']}) attempts={f['generation_attempts']} "
+                f"creates={f['generation_creates']}"
+            )
         print(
             f"jobs={f['jobs']} complete={f['complete']} failed={f['failed']} kills={f['kills']} "
             f"(daemon {f['kills_daemon']}, ffmpeg {f['kills_ffmpeg']}, crash points "
