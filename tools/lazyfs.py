@@ -18,6 +18,7 @@ import select
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -97,47 +98,82 @@ class LazyFS:
             time.sleep(0.05)
         self.mounts += 1
 
-    def mounted(self) -> bool:
-        """The mount is there and answers (a dead LazyFS leaves ENOTCONN behind)."""
-        try:
-            with open("/proc/self/mounts") as f:
-                if not any(line.split()[1] == str(self.mnt) for line in f):
-                    return False
-            os.stat(self.mnt)
-            return True
-        except OSError:
+    def mounted(self, timeout: float = 5.0) -> bool:
+        """The mount is there and answers within ``timeout`` (a dead LazyFS leaves ENOTCONN
+        behind; a hung one never answers: the stat is left waiting on a thread of its own,
+        which ends once LazyFS is killed)."""
+        if not self._listed():
             return False
+        answer: list[bool] = []
+
+        def look() -> None:
+            try:
+                os.stat(self.mnt)
+                answer.append(True)
+            except OSError:
+                answer.append(False)
+
+        t = threading.Thread(target=look, daemon=True)
+        t.start()
+        t.join(timeout)
+        return bool(answer and answer[0])
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None and self.mounted()
 
     def cut(self) -> bool:
-        """Drop every write not fsynced, then mount afresh. ``False`` if LazyFS had died
-        (its cache died with it: a cut all the same), ``True`` if it cut on command."""
+        """Drop every write not fsynced, then mount afresh. ``False`` if LazyFS had died or
+        hung (its cache dies with it: a cut all the same), ``True`` if it cut on command."""
         was_alive = self.alive()
         if was_alive:
             self._drain_done()
-            with open(self.fifo, "w") as f:
-                f.write("lazyfs::clear-cache\n")
-            if not self._await_done(30.0):
-                was_alive = False  # it died on the way: its cache is gone all the same
+            try:
+                fd = os.open(self.fifo, os.O_WRONLY | os.O_NONBLOCK)
+                try:
+                    os.write(fd, b"lazyfs::clear-cache\n")
+                finally:
+                    os.close(fd)
+            except OSError:
+                was_alive = False  # nobody reads the FIFO: it is gone
+            if was_alive and not self._await_done(30.0):
+                was_alive = False  # it died or hung on the way: its cache is gone all the same
         if not was_alive:
             self.died += 1
+            self.kill()
         self.unmount()
         self.mount()
         return was_alive
 
+    def kill(self) -> None:
+        """SIGKILL LazyFS (our own child, by its id): every request waiting on it fails, so
+        processes stuck in one (LazyFS has been seen to hang under concurrent reads and
+        renames) can be killed and reaped. The mount is left for :meth:`unmount`."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def restart(self) -> None:
+        """After a hang: kill LazyFS, then mount afresh (a cut as well)."""
+        self.died += 1
+        self.kill()
+        self.unmount()
+        self.mount()
+
     def unmount(self) -> None:
         if self.mounted() or self._listed():
-            r = subprocess.run(["fusermount3", "-u", str(self.mnt)], capture_output=True)
-            if r.returncode != 0:
-                subprocess.run(["fusermount3", "-uz", str(self.mnt)], capture_output=True)
+            try:
+                r = subprocess.run(["fusermount3", "-u", str(self.mnt)], capture_output=True, timeout=20)
+                ok = r.returncode == 0
+            except subprocess.TimeoutExpired:
+                ok = False
+            if not ok:
+                self.kill()
+                subprocess.run(["fusermount3", "-uz", str(self.mnt)], capture_output=True, timeout=20)
         if self.proc is not None:
             try:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)  # our own child, by its id
-                self.proc.wait()
+                self.kill()
             self.proc = None
 
     def close(self) -> None:

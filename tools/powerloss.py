@@ -169,13 +169,7 @@ class Run:
 
     def _cut(self, submitters: list[tuple[subprocess.Popen[str], list[str]]], drops: dict[str, str]) -> None:
         """SIGKILL every spool process, note what was acknowledged, drop the unsynced writes."""
-        for w in self.workers:
-            w.kill()
-        for p, _ in submitters:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        self._kill_all([w.proc for w in self.workers] + [p for p, _ in submitters])
         for p, jids in submitters:
             out, _ = p.communicate()
             printed = set(out.split())
@@ -247,18 +241,112 @@ class Run:
             ["status"],
         ]
         for c in commands:
-            r = subprocess.run([SPOOL, *c, "--spool", str(self.spool)], capture_output=True, text=True)
+            r = self._run([SPOOL, *c, "--spool", str(self.spool)])
+            if r is None:
+                continue  # LazyFS hung under it (counted), not the reader's doing
             self.f["reader_calls"] += 1
             if r.returncode not in (0, 3, 4) or "Traceback" in r.stderr:
                 self.note("readers_broken", f"spool {' '.join(c)}: exit {r.returncode}: {r.stderr[-300:]}")
 
+    # -- LazyFS hangs ------------------------------------------------------------------
+    def _kill_all(self, procs: list[subprocess.Popen[Any] | None]) -> None:
+        """SIGKILL every process (its whole group) and reap it. One stuck in a request to
+        a hung LazyFS cannot die until LazyFS does: then LazyFS is killed and mounted
+        afresh (a cut all the same; counted as a hang)."""
+        live = [p for p in procs if p is not None]
+        for p in live:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        hung = False
+        for p in live:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                hung = True
+        if hung:
+            self._unhang()
+            for p in live:
+                p.wait()
+
+    def _unhang(self) -> None:
+        self.note("lazyfs_hung", f"round {self.f['cuts']}")
+        self.lazy.kill()  # every request waiting on it fails: its callers can die now
+        for w in self.workers:
+            if w.proc is not None and w.proc.poll() is None:
+                os.killpg(w.proc.pid, signal.SIGKILL)
+                w.proc.wait()
+        self.lazy.unmount()
+        self.lazy.mount()
+
+    def _run(self, argv: list[str], timeout: float = 120.0) -> subprocess.CompletedProcess[str] | None:
+        """A command on the spool; ``None`` if it was stuck in a request LazyFS never
+        answered (then LazyFS was restarted). A command stuck elsewhere is a finding."""
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stuck = _in_fuse_wait([p.pid])
+            if not stuck:
+                p.kill()
+                out, err = p.communicate()
+                return subprocess.CompletedProcess(argv, -9, out, err + f"\n(stuck for {timeout:g} s)")
+            self._unhang()
+            p.kill()
+            p.communicate()
+            return None
+        return subprocess.CompletedProcess(argv, p.returncode, out, err)
+
+    def _drain(self) -> None:
+        """Every worker without crash points until nothing is left, then ``spool recover``
+        (torture's drain, with LazyFS hangs seen and survived: a drain that does not end
+        while the mount does not answer restarts LazyFS and drains again)."""
+        for _ in range(4):
+            self._kill_all([w.proc for w in self.workers])
+            from spool import health
+
+            tree = Tree.at(self.spool)
+            for q in tree.workers.glob("*.quarantined"):
+                health.release(tree, q.name[: -len(".quarantined")])
+            for w in self.workers:
+                w.start(drain=True)
+            deadline = time.monotonic() + self.args.timeout
+            while any(w.alive() for w in self.workers) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if not any(w.alive() for w in self.workers):
+                break
+            if not _in_fuse_wait([w.proc.pid for w in self.workers if w.proc is not None and w.alive()]):
+                self.note("drain_timeout", f"round {self.f['cuts']}")
+                break
+            self._unhang()
+        else:
+            self.note("drain_timeout", f"round {self.f['cuts']}: LazyFS kept hanging")
+        self._kill_all([w.proc for w in self.workers])
+        for _ in range(3):
+            if self._run([SPOOL, "recover", "--spool", str(self.spool)]) is not None:
+                break
+
+    def _fsck(self, *, repair: bool) -> list[dict[str, Any]]:
+        args = [SPOOL, "fsck", "--spool", str(self.spool), "--json", "--settle", "0"]
+        for _ in range(3):
+            r = self._run(args if repair else [*args, "--no-repair"], timeout=300)
+            if r is None:
+                continue
+            try:
+                problems: list[dict[str, Any]] = json.loads(r.stdout)["problems"]
+            except (ValueError, KeyError):
+                return [{"path": "(fsck)", "problem": f"exit {r.returncode}: {r.stderr[-300:]}"}]
+            return problems
+        return [{"path": "(fsck)", "problem": "LazyFS hung under it three times"}]
+
     def _drain_and_check(self) -> None:
-        torture._drain(self.workers, self.spool, self.args.timeout)
-        fix = torture._fsck(self.spool, repair=True)
+        self._drain()
+        fix = self._fsck(repair=True)
         for p in fix:
             if p.get("repaired"):
                 self.f[_repair_kind(p)] += 1
-        left = torture._fsck(self.spool, repair=False)
+        left = self._fsck(repair=False)
         for p in left:
             self.note("fsck_problems", f"{p.get('path')}: {p.get('problem')}")
         for p in invariants.check(self.spool):
@@ -299,6 +387,30 @@ class Run:
         )
         self.f["complete"] = sum(1 for s in where.values() if s == "complete")
         self.f["failed"] = sum(1 for s in where.values() if s == "failed")
+
+
+def _in_fuse_wait(pids: list[int], looks: int = 3, gap: float = 1.0) -> bool:
+    """Whether a thread of these processes sits in a FUSE request that is never answered:
+    seen waiting for the answer (``request_wait_answer``) at every one of ``looks`` looks.
+    A request LazyFS serves takes milliseconds; a hung LazyFS never answers."""
+    for k in range(looks):
+        if k:
+            time.sleep(gap)
+        waiting = False
+        for pid in pids:
+            try:
+                tasks = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue
+            for t in tasks:
+                try:
+                    with open(f"/proc/{pid}/task/{t}/wchan") as f:
+                        waiting = waiting or f.read().strip() == "request_wait_answer"
+                except OSError:
+                    continue
+        if not waiting:
+            return False
+    return True
 
 
 def _where(spool: Path) -> dict[str, str]:
@@ -371,8 +483,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if sim is not None:
             figures |= torture._generation_figures(r.spool, r.gen_ids, sim)
     finally:
-        for w in r.workers if r is not None else []:
-            w.kill()
+        if r is not None:
+            r._kill_all([w.proc for w in r.workers])
         if sim_ctx is not None:
             sim_ctx.__exit__(None, None, None)
         lazy.close()
@@ -398,6 +510,7 @@ PROMISES = (
     "show_contradicts_tree",
     "readers_broken",
     "synced_drop_rejected",
+    "drain_timeout",
     "journal_untold",
     "fsck_problems",
     "independent_problems",
@@ -418,6 +531,7 @@ def _figures(r: Run, wall: float) -> dict[str, Any]:
         "failed": r.f["failed"],
         "cuts": r.f["cuts"],
         "lazyfs_died": r.f["lazyfs_died"],
+        "lazyfs_hung": r.f["lazyfs_hung"],
         "crash_points_hit": dict(sorted(r.crash_points.items())),
         "daemon_lives": sum(w.lives for w in r.workers),
         "drops_rejected": r.f["drops_rejected"],
@@ -448,7 +562,9 @@ def main() -> int:
         "--crash-point-rate", type=float, default=0.4, help="share of rounds cut at a crash point"
     )
     ap.add_argument("--max-attempts", type=int, default=10)
-    ap.add_argument("--timeout", type=float, default=300.0, help="seconds allowed for each drain")
+    ap.add_argument(
+        "--timeout", type=float, default=120.0, help="seconds allowed for each drain (then: is LazyFS hung?)"
+    )
     ap.add_argument("--keep", help="build everything here and keep it")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -470,7 +586,7 @@ def main() -> int:
         print(
             f"jobs={f['jobs']} acknowledged={f['acknowledged']} complete={f['complete']} "
             f"failed={f['failed']} "
-            f"cuts={f['cuts']} (lazyfs died {f['lazyfs_died']}, crash points "
+            f"cuts={f['cuts']} (lazyfs died {f['lazyfs_died']}, hung {f['lazyfs_hung']}, crash points "
             f"{sum(f['crash_points_hit'].values())}) daemon_lives={f['daemon_lives']}{gen} | "
             f"acknowledged_lost={f['acknowledged_lost']} double_published={f['double_published']} "
             f"partial={f['partial_at_final']} complete_without_attempt_record="
