@@ -35,9 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from .model import Manifest, encode
+from .records import damaged as damage
 from .records import read
 from .tree import Tree, visible_names, write_atomic
 
@@ -61,21 +60,6 @@ class Damaged:
     action: str | None
     why: str
     data: bytes = b""
-
-
-def damage(path: Path) -> str | None:
-    """``"empty"`` (no bytes, or only NULs and blanks), ``"torn"`` (not JSON), or ``None``."""
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return None
-    if not data.strip(b"\0 \n\t\r"):
-        return "empty"
-    try:
-        msgspec.json.decode(data)
-    except msgspec.DecodeError:
-        return "torn"
-    return None
 
 
 def _settled(path: Path, now: float, settle: float) -> bool:

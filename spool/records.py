@@ -60,18 +60,22 @@ def settled(path: Path) -> bool:
         return False
 
 
-def damaged(path: Path, typ: Any) -> str | None:
-    """Why an existing record file cannot be read as ``typ`` (``"empty"``, ``"torn"``:
-    not the record it should be), or ``None`` when it reads (or is gone). For
-    ``spool fsck`` and ``spool show``: the records a power cut may leave empty."""
+def damaged(path: Path, typ: Any = None) -> str | None:
+    """Why an existing record file cannot be read: ``"empty"`` (no bytes, or only NULs and
+    blanks: a cut kept the name, not the bytes) or ``"torn"`` (not JSON, or with ``typ``
+    not that record); ``None`` when it reads, or is gone. For ``spool fsck`` and
+    ``spool show``: the records a power cut may leave empty (SPEC 11.9)."""
     try:
         data = path.read_bytes()
     except OSError:
         return None
-    if not data.strip(b"\0 \n\t"):
+    if not data.strip(b"\0 \n\t\r"):
         return "empty"
     try:
-        decode(data, typ)
+        if typ is None:
+            msgspec.json.decode(data)
+        else:
+            decode(data, typ)
     except msgspec.DecodeError:
         return "torn"
     return None

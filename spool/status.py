@@ -144,10 +144,6 @@ def attempt_numbers(tree: Tree, job_id: str) -> list[int]:
     return tree.attempt_numbers(job_id)
 
 
-#: An attempt's record files, and what each is read as (for the damaged-record check).
-ATTEMPT_RECORDS = ("attempt.json", "result.json", "failure.json", "interrupted.json", "progress.json")
-
-
 def attempt_summary(
     tree: Tree, job_id: str, n: int, manifest: Any = None, state: str | None = None
 ) -> dict[str, Any]:
