@@ -170,23 +170,28 @@ class _Told:
 
 
 def told(tree: Tree) -> dict[str, _Told]:
-    """Each job's story as the journal tells it, every writer merged in time order."""
-    from .eventlog import Follower
+    """Each job's story as the journal tells it: every writer's file read as a stream
+    (one job's facts kept, never the lines: a journal of millions of lines costs the
+    jobs, not the lines), merged by the lines' timestamps."""
+    from .events import read_file
 
     out: dict[str, _Told] = {}
-    for line in Follower(tree).poll():  # merged in time order
-        ev = line.event
-        if ev.to not in QUEUE_STATES and ev.from_ != "failed":
+    last_ts: dict[str, Any] = {}
+    for f in sorted(tree.events.glob("*.jsonl")):
+        if f.name.startswith("."):
             continue
-        t = out.setdefault(ev.job, _Told())
-        if ev.to in QUEUE_STATES:
-            t.last = ev.to
-        if ev.to == "complete":
-            t.complete = True
-        elif ev.to == "failed":
-            t.failed = ev.ts
-        if ev.from_ == "failed":
-            t.left_failed = ev.ts
+        for ev in read_file(f):
+            if ev.to not in QUEUE_STATES and ev.from_ != "failed":
+                continue
+            t = out.setdefault(ev.job, _Told())
+            if ev.to in QUEUE_STATES and (ev.job not in last_ts or ev.ts >= last_ts[ev.job]):
+                t.last, last_ts[ev.job] = ev.to, ev.ts
+            if ev.to == "complete":
+                t.complete = True
+            elif ev.to == "failed" and (t.failed is None or ev.ts > t.failed):
+                t.failed = ev.ts
+            if ev.from_ == "failed" and (t.left_failed is None or ev.ts > t.left_failed):
+                t.left_failed = ev.ts
     return out
 
 

@@ -269,3 +269,22 @@ def test_bounded_power_loss_run_keeps_every_promise(tmp_path):
     ):  # fmt: skip
         assert f[promise] == 0, (promise, f["details"])
     assert f["clean"], f["details"]
+
+
+def test_the_journal_tells_a_state_by_its_lines_not_by_the_last_one_alone(tree):
+    """A drop delivered again after a crash is journaled as accepted after its job
+    completed (seen across three JuiceFS mounts): complete is still told. A failed job
+    an operator retried is told failed only by a failed line after the retry."""
+    j = Journal(tree, "w1")
+    for jid, state in (("done@1", "complete"), ("again@1", "failed"), ("once@1", "failed")):
+        (tree.root / state / f"{jid}.json").write_text("{}")
+        _age(tree.root / state / f"{jid}.json")
+    j.record("done@1", "running", from_="pending")
+    j.record("done@1", "complete", from_="running")
+    j.record("done@1", "pending", from_="incoming", reason="accepted from done.json (before a crash)")
+    j.record("once@1", "failed", from_="running")
+    j.record("again@1", "failed", from_="running")
+    j.record("again@1", "pending", from_="failed", reason="retry by op")  # its new failed line: lost
+    gaps = {g.job_id: g for g in lostwrites.journal_gaps(tree)}
+    assert set(gaps) == {"again@1"}
+    assert gaps["again@1"].state == "failed" and gaps["again@1"].last == "pending"
