@@ -157,10 +157,6 @@ def attempt_summary(
     from .records import damaged as damage
 
     d = tree.attempt_dir(job_id, n)
-    rec = read(d / "attempt.json", AttemptRecord)
-    failure = read(d / "failure.json", Failure)
-    result = read(d / "result.json", Manifest)
-    progress = read(d / "progress.json", Progress)
     types = {
         "attempt.json": AttemptRecord,
         "result.json": Manifest,
@@ -168,7 +164,14 @@ def attempt_summary(
         "interrupted.json": Interruption,
         "progress.json": Progress,
     }
-    broken = {name: why for name, typ in types.items() if (why := damage(d / name, typ))}
+    got = {name: read(d / name, typ) for name, typ in types.items()}
+    # Only a record that did not read is looked at again: missing (None) or damaged.
+    broken = {
+        name: why for name, typ in types.items() if got[name] is None and (why := damage(d / name, typ))
+    }
+    rec, failure, result, progress = (
+        got[k] for k in ("attempt.json", "failure.json", "result.json", "progress.json")
+    )
     if result is not None or (manifest is not None and manifest.attempt == n and state == "complete"):
         outcome = "published"
     elif failure is not None:
