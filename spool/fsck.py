@@ -28,6 +28,12 @@ Deterministic repairs:
   right hash exists (an attempt's ``work/`` candidate that was published by
   copy, or whose link was broken by a replacing write): copy it back, verified.
 
+* what a power cut took (SPEC 11.9, :mod:`spool.lostwrites`): a published
+  attempt's empty ``result.json`` written again from its manifest; empty or
+  torn hints (progress, heartbeats, enrichment, poster frames) set aside as
+  ``.<name>.damaged``; a journal that does not tell a job's ``complete``,
+  ``failed`` or acceptance gets a line marked ``rebuilt``.
+
 Everything else is reported: a manifest that does not match its store file,
 a store object that does not hash to its name, a failed job without a
 failure record, an attempt folder without ``attempt.json``, a running job of
@@ -88,8 +94,11 @@ def check(
     stale_after: float = 120.0,
     grace: float = GRACE,
     verify_hashes: bool = True,
+    settle: float | None = None,
 ) -> list[Problem]:
-    """Every problem found; repaired ones are marked so."""
+    """Every problem found; repaired ones are marked so. ``settle``: seconds a record or
+    job file must have been left alone to be judged lost to a crash (``None``: the
+    default of :mod:`spool.lostwrites`; 0 when no writer can be at work)."""
     problems: list[Problem] = []
     server = liveness.server_now(tree)
     for jid in sorted(all_job_ids(tree)):
@@ -119,7 +128,35 @@ def check(
     problems += _manifests(tree, verify_hashes)
     problems += _leftovers(tree, repair, grace)
     problems += index.fsck_problems(tree, repair=repair)  # the library index (SPEC 9)
+    problems += _lost_writes(tree, repair, settle)
     return problems
+
+
+def _lost_writes(tree: Tree, repair: bool, settle: float | None) -> list[Problem]:
+    """Records a power cut left empty or torn, and journal lines it took (SPEC 11.9):
+    each reported; what the tree proves is mended (:mod:`spool.lostwrites`)."""
+    from . import lostwrites
+    from .events import Journal, cli_writer
+
+    out = []
+    wait = lostwrites.SETTLE if settle is None else settle
+    for d in lostwrites.damaged_records(tree, wait):
+        fix = {"rewrite": "write it again", "aside": f"set it aside as .{d.path.name}.damaged"}
+        prob = Problem(9, _rel(tree, d.path), f"record is {d.how} ({d.why})", fix.get(d.action or ""))
+        if repair and d.action is not None:
+            lostwrites.mend(d)
+            prob.repaired = True
+        out.append(prob)
+    gaps = lostwrites.journal_gaps(tree, wait)
+    for g in gaps:
+        said = f"its last state line says {g.last}" if g.last else "it has no line"
+        out.append(
+            Problem(9, f"events/ ({g.job_id})", f"the journal does not tell that it is {g.state}: {said}",
+                    f"append a line marked rebuilt: {g.state}", repaired=repair)
+        )  # fmt: skip
+    if repair and gaps:
+        lostwrites.rebuild(tree, gaps, Journal(tree, cli_writer()))
+    return out
 
 
 def _two_states(tree: Tree, jid: str, locs: list[Location], repair: bool) -> Problem:

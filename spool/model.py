@@ -470,6 +470,8 @@ class Event(Record, kw_only=True, omit_defaults=True):
     bytes: int | None = None  # complete: size of the published output
     render_seconds: float | None = None
     validate_seconds: float | None = None
+    #: A line ``spool fsck`` wrote from the tree because the original was lost in a crash.
+    rebuilt: bool | None = None
 
 
 class BlockEntry(Record, kw_only=True):

@@ -144,23 +144,48 @@ def attempt_numbers(tree: Tree, job_id: str) -> list[int]:
     return tree.attempt_numbers(job_id)
 
 
-def attempt_summary(tree: Tree, job_id: str, n: int) -> dict[str, Any]:
-    """One attempt as ``spool show`` reports it: who, when, and how it ended."""
-    from .model import AttemptRecord, Failure, Manifest, Progress
+def attempt_summary(
+    tree: Tree, job_id: str, n: int, manifest: Any = None, state: str | None = None
+) -> dict[str, Any]:
+    """One attempt as ``spool show`` reports it: who, when, and how it ended.
+
+    The tree decides before the attempt's own records (SPEC 11.9): the attempt
+    the manifest of a complete job names published it, even when a power cut
+    left its ``result.json`` empty. ``damaged`` names the records found empty or
+    torn; an outcome no record proves reads as unknown, never as a guess."""
+    from .model import AttemptRecord, Failure, Interruption, Manifest, Progress
+    from .records import damaged as damage
 
     d = tree.attempt_dir(job_id, n)
-    rec = read(d / "attempt.json", AttemptRecord)
-    failure = read(d / "failure.json", Failure)
-    result = read(d / "result.json", Manifest)
-    progress = read(d / "progress.json", Progress)
-    if result is not None:
+    types = {
+        "attempt.json": AttemptRecord,
+        "result.json": Manifest,
+        "failure.json": Failure,
+        "interrupted.json": Interruption,
+        "progress.json": Progress,
+    }
+    got = {name: read(d / name, typ) for name, typ in types.items()}
+    # Only a record that did not read is looked at again: missing (None) or damaged.
+    broken = {
+        name: why for name, typ in types.items() if got[name] is None and (why := damage(d / name, typ))
+    }
+    rec, failure, result, progress = (
+        got[k] for k in ("attempt.json", "failure.json", "result.json", "progress.json")
+    )
+    if result is not None or (manifest is not None and manifest.attempt == n and state == "complete"):
         outcome = "published"
     elif failure is not None:
         outcome = f"failed at {failure.stage}"
     elif (d / "interrupted.json").exists():
         outcome = "interrupted"
-    else:
+    elif "result.json" in broken or "failure.json" in broken:
+        which = " and ".join(k for k in ("result.json", "failure.json") if k in broken)
+        how = broken.get("result.json") or broken["failure.json"]
+        outcome = f"unknown: its {which} is {how} (lost in a crash)"
+    elif state == "running":
         outcome = "running or abandoned"
+    else:
+        outcome = "abandoned (no outcome recorded)"
     return {
         "n": n,
         "dir": tree.relative(d),
@@ -169,6 +194,7 @@ def attempt_summary(tree: Tree, job_id: str, n: int) -> dict[str, Any]:
         "outcome": outcome,
         "progress": progress,
         "failure": failure,
+        "damaged": broken,
     }
 
 
@@ -181,11 +207,20 @@ def show(tree: Tree, job_id: str) -> dict[str, Any] | None:
     if found is None:
         return None
     job, loc = found
-    attempts = [attempt_summary(tree, job_id, n) for n in attempt_numbers(tree, job_id)]
+    manifest = read(tree.manifest_file(job_id), Manifest)
+    numbers = attempt_numbers(tree, job_id)
+
+    def state_of(n: int) -> str | None:
+        """The job's state as it bears on attempt ``n``: the one the manifest of a
+        complete job names, or the last one's; ``None`` for an earlier attempt."""
+        if loc.state == "complete" and manifest is not None:
+            return "complete" if n == manifest.attempt else None
+        return loc.state if n == numbers[-1] else None
+
+    attempts = [attempt_summary(tree, job_id, n, manifest, state_of(n)) for n in numbers]
     failure = None
     if loc.state == "failed":
         failure = next((a["failure"] for a in reversed(attempts) if a["failure"]), None)
-    manifest = read(tree.manifest_file(job_id), Manifest)
     return {
         "job": job,
         "state": loc.state,

@@ -155,14 +155,41 @@ def is_visible(name: str) -> bool:
     return not name.startswith(".") and not name.endswith(".tmp")
 
 
+#: What must be durable before any folder of the tree is fsynced: this process's journal
+#: files with lines not yet fsynced (:mod:`spool.events` adds one when it writes a line
+#: and takes it off once it is durable), so a journal line is never older than the last
+#: fsync of the tree and still lost in a power cut.
+_riders: set[Any] = set()
+
+
+def ride_folder_fsyncs(rider: Any) -> None:
+    """Have ``rider.commit()`` called before the next folder fsync of this process (and by
+    :func:`commit_riders`), until :func:`stop_riding` takes it off."""
+    _riders.add(rider)
+
+
+def stop_riding(rider: Any) -> None:
+    _riders.discard(rider)
+
+
+def commit_riders() -> None:
+    """Make every rider's writes durable now (a command's end, a daemon's heartbeat or stop)."""
+    for rider in list(_riders):
+        rider.commit()
+
+
 def fsync_dir(path: Path) -> None:
     """Make a folder's entries (new names, renames, removals) durable.
 
-    Through :mod:`spool.groupcommit`: a plain fsync, unless a daemon installed
-    a coalescer (threads share one fsync of a folder) or this thread is in a
-    ``together()`` batch (done when the batch ends, before anything is told).
-    Neither can be so unless that module was imported, so a command that never
-    imports it (the lean CLI) does not pay for it (threading, its lock)."""
+    The riders (this process's journals) are made durable first: the journal's
+    group commit rides on the tree's. Then through :mod:`spool.groupcommit`: a
+    plain fsync, unless a daemon installed a coalescer (threads share one fsync
+    of a folder) or this thread is in a ``together()`` batch (done when the
+    batch ends, before anything is told). Neither can be so unless that module
+    was imported, so a command that never imports it (the lean CLI) does not
+    pay for it (threading, its lock)."""
+    if _riders:
+        commit_riders()
     gc = sys.modules.get("spool.groupcommit")
     if gc is not None:
         gc.sync_folder(path)

@@ -137,6 +137,43 @@ def test_a_second_path_to_the_same_local_folder_sees_everything(tmp_path):
     assert report.watch.value == "inotify" and "other mounts too" in report.watch.why
 
 
+def test_a_listed_mount_measured_safe_across_two_mounts_is_safe(tmp_path):
+    """The verdict follows what was measured (issue 23): a name on the cloud and sync-drive
+    list only decides what is said before anything was measured."""
+    tree, cfg = _spool(tmp_path / "spool")
+    (tmp_path / "other-view").symlink_to(tree.root)
+    fake = f"27 1 254:0 / / rw - ext4 /dev/vda rw\n50 27 0:50 / {tmp_path} rw - fuse.juicefs JuiceFS:v rw\n"
+    named = doctor.run(tree, cfg, quick=True, mountinfo=fake)  # one mount: nothing measured across
+    assert not named.safe and named.verdict.basis == "name"
+    assert "spool doctor --peer" in named.verdict.why and named.warnings[0].startswith("UNSAFE")
+    report = doctor.run(tree, cfg, peer=tmp_path / "other-view", lag_timeout=5, mountinfo=fake)
+    assert report.mount.fstype == "fuse.juicefs"
+    assert report.safe and report.verdict.basis == "measured", report.verdict
+    why = report.verdict.why
+    assert "one winner in 30 of 30 rename races" in why and "O_EXCL exact (30 races)" in why
+    assert "hard links that never replace (30 link races)" in why and "listed through the peer" in why
+    assert not any(w.startswith("UNSAFE") for w in report.warnings)
+    assert report.to_json()["verdict"] == {"safe": True, "basis": "measured", "why": why}
+    assert "=> verdict    safe (by measured)" in doctor.render(report)
+
+
+def test_a_mount_measured_unsafe_is_unsafe_whatever_its_name():
+    ext4 = doctor.Mount("/", "ext4", "/dev/vda", "")
+    ok = doctor.Finding(True, "fine", {})
+    f = {k: ok for k in ("rename", "rename_race", "o_excl", "lag")}
+    f["rename"] = doctor.Finding(True, "replaces", {"replaces": True, "peer": {"missing": 0}})
+    f["links"] = doctor.Finding(
+        False, "yes; BUT 3 of 30 link races had two winners", {"exclusive": False, "race_rounds": 30}
+    )
+    v = doctor.verdict(ext4, f)
+    assert not v.safe and v.basis == "measured" and "two winners" in v.why
+    f["links"] = doctor.Finding(True, "yes", {"exclusive": True, "race_rounds": 30})
+    f["rename_race"] = doctor.Finding(False, "DOUBLE OR NO WINS in 2 of 30 rename races", {"rounds": 30})
+    juicefs = doctor.Mount("/", "fuse.juicefs", "JuiceFS:v", "")
+    v = doctor.verdict(juicefs, f)
+    assert not v.safe and v.basis == "measured" and "DOUBLE OR NO WINS" in v.why
+
+
 def test_quick_probe_takes_well_under_a_second_on_local_disk(tmp_path):
     tree, cfg = _spool(tmp_path / "spool")
     t0 = time.monotonic()

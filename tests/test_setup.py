@@ -89,3 +89,14 @@ def test_setup_for_the_tests_adds_what_only_the_tests_need(project):
 def test_the_demo_and_the_test_command_use_their_own_mode():
     assert "bash tools/setup\n" in (ROOT / "tools" / "demo").read_text()
     assert "bash tools/setup --test\n" in (ROOT / "tools" / "test").read_text()
+
+
+def test_setup_for_the_tests_builds_lazyfs_where_the_shared_folder_is(project):
+    """The power-cut tests need LazyFS: built by the shared folder's own script, run where
+    it lies beside the project (never copied in), and only where it is."""
+    assert "lazyfs-build" not in _asked(project, "--test")
+    build = project.parent / "shared" / "tools" / "lazyfs" / "build"
+    build.parent.mkdir(parents=True)
+    build.write_text('echo lazyfs-build >> "$SETUP_ASKED"\n')
+    assert "lazyfs-build" in _asked(project, "--test")
+    assert "lazyfs-build" not in _asked(project)  # only the tests need it

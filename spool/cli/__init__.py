@@ -77,3 +77,17 @@ def _run(command: Any) -> None:
         where = f": {exc.filename}" if exc.filename else ""
         echo(f"spool: {exc.strerror or exc}{where}", err=True)
         sys.exit(EXIT_ERROR)
+    finally:
+        _commit_journal()
+
+
+def _commit_journal() -> None:
+    """The command's journal lines, durable before it exits (SPEC 11.9): one fsync for a
+    command that wrote some, none otherwise (the tree module is loaded only if it was)."""
+    tree = sys.modules.get("spool.tree")
+    if tree is None:
+        return
+    try:
+        tree.commit_riders()
+    except OSError:
+        pass  # the transitions themselves are durable; fsck rebuilds a lost line

@@ -93,6 +93,13 @@ def recover_cmd(
 def fsck_cmd(
     no_repair: Annotated[bool, typer.Option("--no-repair", help="Only report; repair nothing.")] = False,
     quick: Annotated[bool, typer.Option(help="Skip re-hashing store files.")] = False,
+    settle: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds a record must have been left alone before it is judged lost to a crash "
+            "(default 5; 0 when no daemon runs)."
+        ),
+    ] = None,
     spool: SpoolOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -101,7 +108,11 @@ def fsck_cmd(
 
     tree, cfg = open_spool(spool, as_json)
     problems = fsck.check(
-        tree, repair=not no_repair, stale_after=cfg.recovery.stale_after, verify_hashes=not quick
+        tree,
+        repair=not no_repair,
+        stale_after=cfg.recovery.stale_after,
+        verify_hashes=not quick,
+        settle=settle,
     )
     remaining = [p for p in problems if p.open]
     if as_json:

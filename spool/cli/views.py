@@ -268,6 +268,10 @@ def show_view(info: dict[str, Any]) -> Group:
         p = a["progress"]
         if p is not None and a["outcome"] == "running or abandoned" and p.percent is not None:
             line.append(f"  {p.percent:.1f}%")
+        damaged = a.get("damaged") or {}
+        if damaged:
+            said = ", ".join(f"{name} {why}" for name, why in sorted(damaged.items()))
+            line.append(f"  ({said}: lost in a crash; spool fsck repairs what the tree proves)", style="dim")
         parts.append(line)
 
     if info["failure"] is not None:

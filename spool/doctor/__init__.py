@@ -68,7 +68,7 @@ from .probes import (
     probe_space,
 )
 from .report import LABELS, Choice, Finding, Report, render
-from .strategy import choose_publish, choose_watch, warnings
+from .strategy import Verdict, choose_publish, choose_watch, verdict, warnings
 
 __all__ = [
     "FULL_ROUNDS",
@@ -84,6 +84,7 @@ __all__ = [
     "Mount",
     "PeerMismatch",
     "Report",
+    "Verdict",
     "choose_publish",
     "choose_watch",
     "classify",
@@ -91,6 +92,7 @@ __all__ = [
     "parse_mountinfo",
     "render",
     "run",
+    "verdict",
     "warnings",
 ]
 
@@ -141,12 +143,8 @@ def run(
                 findings[key] = Finding(None, f"the probe failed: {exc.strerror or exc} ({errno_name(exc)})")
     publish = choose_publish(cfg, findings["links"])
     watch = choose_watch(cfg, mount, findings["inotify"])
-    warns = warnings(cfg, mount, findings, publish, watch)
-    safe = (
-        mount.kind != "sync-drive"
-        and findings["rename"].facts.get("replaces", True)
-        and findings["rename_race"].ok is not False
-    )
+    judged = verdict(mount, findings)
+    warns = warnings(cfg, mount, findings, publish, watch, judged)
     return Report(
         spool=str(tree.root),
         host=HOST,
@@ -157,7 +155,8 @@ def run(
         watch=watch,
         poll_interval=cfg.daemon.poll_interval,
         warnings=warns,
-        safe=safe,
+        safe=judged.safe,
+        verdict=judged,
         seconds=time.monotonic() - t0,
     )
 

@@ -39,6 +39,7 @@ class Report:
     warnings: list[str]
     safe: bool
     seconds: float
+    verdict: Any = None  # strategy.Verdict: safe, and on what ground (measured, name, local)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -67,6 +68,11 @@ class Report:
             },
             "warnings": self.warnings,
             "safe": self.safe,
+            "verdict": (
+                {"safe": self.verdict.safe, "basis": self.verdict.basis, "why": self.verdict.why}
+                if self.verdict is not None
+                else None
+            ),
             "seconds": round(self.seconds, 3),
         }
 
@@ -99,6 +105,9 @@ def render(report: Report) -> str:
     for name, c in (("publish", report.publish), ("watch", report.watch)):
         value = c.value + (f" (every {report.poll_interval:g} s)" if c.value == "poll" else "")
         lines.append(f"=> {name:<10} {value}: {c.why}")
+    if report.verdict is not None:
+        v = report.verdict
+        lines.append(f"=> {'verdict':<10} {'safe' if v.safe else 'UNSAFE'} (by {v.basis}): {v.why}")
     lines += [f"WARNING: {w}" for w in report.warnings]
     lines.append(f"({report.seconds:.2f} s)")
     return "\n".join(lines)

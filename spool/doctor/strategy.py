@@ -3,6 +3,8 @@ and what the operator is warned about. Pure functions of the config and the find
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..config import Config
 from .mount import Mount
 from .report import Choice, Finding
@@ -35,21 +37,106 @@ def choose_watch(cfg: Config, mount: Mount, inotify: Finding) -> Choice:
     )
 
 
-def warnings(cfg: Config, mount: Mount, f: dict[str, Finding], publish: Choice, watch: Choice) -> list[str]:
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a spool may live here, and on what ground: ``measured`` (the probes across
+    two mounts showed it), ``name`` (only the filesystem's name was known) or ``local``."""
+
+    safe: bool
+    basis: str
+    why: str
+
+
+#: What spool relies on across clients, as the probes through ``--peer`` measure it.
+MEASURED = ("rename", "rename_race", "links", "o_excl", "lag")
+
+
+def _unsafe_measured(f: dict[str, Finding]) -> list[str]:
+    """What was measured to break a property spool relies on (whatever the mount's name)."""
     out = []
-    if mount.kind == "sync-drive":
+    if not f["rename"].facts.get("replaces", True):
+        out.append(f"{f['rename'].summary}: records cannot be rewritten in place")
+    if f["rename_race"].ok is False:
+        out.append(f"{f['rename_race'].summary}: claims by rename cannot be trusted")
+    if f["links"].facts.get("exclusive") is False:
         out.append(
-            f"UNSAFE: the spool is on {mount.fstype}, a cloud or sync-drive mount. Such mounts broke "
-            "rename (two winners), replace (delete then move), O_EXCL and mkdir in tests; do not "
-            "share a spool through it: use NFS, SMB or sshfs."
+            f"{f['links'].summary}: a record written once (manifest, generation state) can be replaced"
         )
+    return out
+
+
+def _holds(key: str, f: dict[str, Finding]) -> bool | None:
+    """Whether what spool relies on of probe ``key`` held across two mounts (``None``: not
+    measured across). A replace the peer sees with a gap is no break: readers retry it."""
+    x = f[key]
+    if key == "rename":
+        return x.facts.get("replaces") is not False if "peer" in x.facts else None
+    if key in ("links", "o_excl"):
+        return x.facts.get("exclusive") is True if "race_rounds" in x.facts else None
+    return x.ok
+
+
+def verdict(mount: Mount, f: dict[str, Finding]) -> Verdict:
+    """Safe or not from what was measured; the name list only speaks before anything was.
+
+    A mount measured unsafe is unsafe whatever its name. A mount on the cloud and
+    sync-drive list (such mounts broke rename, replace, O_EXCL and mkdir in tests)
+    is unsafe until ``--peer`` has measured renames (replace, races), hard links,
+    O_EXCL and listing lag across two mounts, and safe once all of them hold."""
+    broken = _unsafe_measured(f)
+    if broken:
+        return Verdict(False, "measured", "; ".join(broken))
+    held = {k: _holds(k, f) for k in MEASURED}
+    measured = all(v is not None for v in held.values())
+    if mount.kind != "sync-drive":
+        local = mount.kind in ("local", "memory")
+        basis = "measured" if measured else "local" if local else "name"
+        return Verdict(True, basis, f"{mount.fstype}: nothing measured breaks what spool relies on")
+    if not measured:
+        return Verdict(
+            False,
+            "name",
+            f"{mount.fstype} is a cloud or sync-drive mount by name, and such mounts broke rename (two "
+            "winners), replace (delete then move), O_EXCL and mkdir in tests; not measured across two "
+            "mounts yet: run spool doctor --peer OTHER_MOUNT to measure it",
+        )
+    short = [LABEL[k] for k, v in held.items() if not v]
+    if short:
+        return Verdict(
+            False,
+            "measured",
+            f"{mount.fstype} is on the cloud and sync-drive list and measured short on " + ", ".join(short),
+        )
+    gaps = f["rename"].facts["peer"].get("missing", 0)
+    seen = f"the peer saw it missing {gaps} times; readers retry" if gaps else "atomic as the peer sees it"
+    return Verdict(
+        True,
+        "measured",
+        f"{mount.fstype} is on the cloud and sync-drive list by name, but measured across two mounts it "
+        f"keeps what spool relies on: rename replaces ({f['rename'].facts.get('rounds', 0)} replacements; "
+        f"{seen}), one winner in {f['rename_race'].facts.get('rounds', 0)} of "
+        f"{f['rename_race'].facts.get('rounds', 0)} rename races, hard links that never replace "
+        f"({f['links'].facts.get('race_rounds', 0)} link races), O_EXCL exact "
+        f"({f['o_excl'].facts.get('race_rounds', 0)} races), a new name listed through the peer "
+        f"after {f['lag'].facts.get('listing_seconds')} s",
+    )
+
+
+LABEL = {"rename": "rename", "rename_race": "rename races", "links": "hard links", "o_excl": "O_EXCL",
+         "lag": "listing lag"}  # fmt: skip
+
+
+def warnings(
+    cfg: Config, mount: Mount, f: dict[str, Finding], publish: Choice, watch: Choice, judged: Verdict
+) -> list[str]:
+    out = []
+    if not judged.safe:
+        out.append(f"UNSAFE: {judged.why}; do not share a spool through it (NFS, SMB, sshfs, JuiceFS work).")
+    elif mount.kind == "sync-drive":
+        out.append(f"{judged.why}: treated as a shared filesystem (polling).")
     elif mount.kind in ("fuse", "other"):
         out.append(f"{mount.fstype} is not a filesystem spool knows; treated as shared (polling).")
-    if f["rename_race"].ok is False:
-        out.append(f"UNSAFE: {f['rename_race'].summary}; claims by rename cannot be trusted here.")
-    if not f["rename"].facts.get("replaces", True):
-        out.append(f"UNSAFE: {f['rename'].summary}; records cannot be rewritten in place here.")
-    elif f["rename"].ok is False:
+    if f["rename"].facts.get("replaces", True) and f["rename"].ok is False:
         out.append(f"{f['rename'].summary}: rewritten records (heartbeats) can be missing for a moment.")
     if f["fsync"].ok is False:
         out.append(f"{f['fsync'].summary}: records may not survive a crash of the file server.")

@@ -62,11 +62,17 @@ PLAN: dict[str, tuple[list[int], int, float, float]] = {
 }
 
 
+#: mode -> JuiceFS tree sizes (three mounts of one volume: tools/juicefsmount)
+JUICEFS_SIZES: dict[str, list[int]] = {"full": [1_000, 20_000], "quick": [1_000, 5_000], "smoke": [100, 300]}
+JUICEFSMOUNT = TOOLS / "juicefsmount"
+
+
 def keys(mode: str) -> list[str]:
     sizes = PLAN[mode][0]
     per = ["json", "ls", "first_claim", "claim_rate"]
     steady = [f"nas.rescan_{k}{s}" for s in ("", "_nometrics") for k in ("cpu", "calls")]
-    return [*(f"nas.{k}.{n}" for n in sizes for k in per), *steady]
+    jfs = [f"nas.juicefs.{k}.{n}" for n in JUICEFS_SIZES[mode] for k in ("json", "first_claim", "claim_rate")]
+    return [*(f"nas.{k}.{n}" for n in sizes for k in per), *steady, *jfs]
 
 
 @contextlib.contextmanager
@@ -331,10 +337,84 @@ def run(mode: str) -> tuple[list[Row], list[str]]:
                 samples=got,
             ),
         ]
+    jrows, jnote = juicefs_rows(mode, rounds, window)
+    rows += jrows
     notes = [
+        jnote,
         "nas: tools/multimount (sshfs on loopback, --cache low); sizes "
         f"{', '.join(f'{s:,}' for s in sizes)}, {rounds} rounds of [status --json, ls pending, "
         f"scandir] rotated; claim rate over {window:g} s after the first claim; steady state "
         f"over {steady_window:g} s (CPU from /proc, then calls by strace -c -f), metrics on then off.",
     ]
     return rows, notes
+
+
+def juicefs_rows(mode: str, rounds: int, window: float) -> tuple[list[Row], str]:
+    """The same figures on JuiceFS (tools/juicefsmount: metadata in a redis-server on
+    loopback, ``--storage file``, JuiceFS's default 1 s caches): the tree is built
+    through one mount and every timed command goes through another, as a second host's
+    would. Skipped with a note where JuiceFS cannot run."""
+    sizes = JUICEFS_SIZES[mode]
+    rows: list[Row] = []
+    with scratch("disk", "nas-juicefs") as base:
+        up = subprocess.run(
+            [str(JUICEFSMOUNT), "up", str(base), "--mounts", "2"], capture_output=True, text=True, timeout=600
+        )
+        if up.returncode != 0:
+            return [], f"nas: JuiceFS rows skipped: tools/juicefsmount up said {up.stderr.strip()[-200:]}"
+        try:
+            for n in sizes:
+                server, client = base / "a" / f"s{n}", base / "b" / f"s{n}"
+                t0 = time.perf_counter()
+                build_tree(server, n)
+                built = time.perf_counter() - t0
+                log(f"nas juicefs: {n:,} jobs in pending/ (built through mount a in {built:.1f} s)")
+                argv = {
+                    "json": [SPOOL, "status", "--json", "--spool", str(client)],
+                    "ls": [SPOOL, "ls", "pending", "--spool", str(client)],
+                }
+
+                def timed(a: list[str]) -> float:
+                    t = run_timed(a)
+                    if t.returncode != 0:
+                        raise RuntimeError(f"{' '.join(a[:3])} exited {t.returncode}")
+                    return t.wall
+
+                res = interleave(rounds, {k: partial(timed, a) for k, a in argv.items()})
+                first, rate = first_claim(server, client, window)
+                log(
+                    f"nas juicefs {n:,}: status --json {median(res['json']):.2f} s, "
+                    f"ls {median(res['ls']):.2f} s; first claim {first:.2f} s, {rate:.1f} claims/s"
+                )
+                rows += [
+                    Row(
+                        key=f"nas.juicefs.json.{n}",
+                        measure=f"JuiceFS: spool status --json, {n:,} pending",
+                        unit="s",
+                        spool=median(res["json"]),
+                        peer="spool ls pending",
+                        peer_value=median(res["ls"]),
+                        ratio=median(pair_ratios(res["json"], res["ls"])),
+                        samples={"json_s": res["json"], "ls_s": res["ls"]},
+                    ),
+                    Row(
+                        key=f"nas.juicefs.first_claim.{n}",
+                        measure=f"JuiceFS: spoold start to first claim, {n:,} pending",
+                        unit="s",
+                        spool=first,
+                    ),
+                    Row(
+                        key=f"nas.juicefs.claim_rate.{n}",
+                        measure=f"  JuiceFS: spoold no-op claim rate, {n:,} pending (1 slot, first scan)",
+                        unit="jobs/s",
+                        spool=rate,
+                    ),
+                ]
+        finally:
+            subprocess.run([str(JUICEFSMOUNT), "down", str(base)], capture_output=True, timeout=120)
+    note = (
+        f"nas: JuiceFS rows: tools/juicefsmount (redis-server on loopback, --storage file, default 1 s "
+        f"attr/entry/dir-entry caches), tree built through mount a, timed through mount b; sizes "
+        f"{', '.join(f'{s:,}' for s in sizes)}, {rounds} rounds of [status --json, ls pending]."
+    )
+    return rows, note
