@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -539,9 +540,13 @@ def test_sighup_reloads_the_providers_allowance_polling_and_spending(tree, sim, 
     new = table.replace("in_flight = 1", "in_flight = 2\nspending = {per_hour = 1}")
     new = new[: new.index("[providers.sim.polling]")] + slow
     text = tree.config_file.read_text()
-    tree.config_file.write_text(text[: text.index("[providers.sim]")] + new.lstrip())
+    # Replaced whole (temp + rename): the daemon also looks for changes every loop, and a
+    # file caught half-written would be read as a different config.
+    tmp = tree.config_file.with_name(".spool.toml.new")
+    tmp.write_text(text[: text.index("[providers.sim]")] + new.lstrip())
+    os.replace(tmp, tree.config_file)
     d.signal(signal.SIGHUP)
-    wait_for(lambda: "changed providers.sim" in d.output(), timeout=30)
+    wait_for(lambda: re.search(r"re-read .*: changed .*providers\.sim", d.output()), timeout=30)
     # The allowance grew, but the spending guard, now 1 an hour, keeps the other job waiting.
     other = jids[1 - prompts.index(waiting.input["prompt"])]
 

@@ -158,6 +158,8 @@ class Layout:
     logs: Path
 
 
+#: Seconds a client mount's metadata caches may lag the other mounts (checks wait them out).
+CLIENT_CACHE_SETTLE = 3.0
 #: The environment variable the spool's ``[providers.sim]`` reads its token from.
 GEN_TOKEN_ENV = "SPOOL_TORTURE_GEN_TOKEN"
 
@@ -188,6 +190,11 @@ def _run(args: argparse.Namespace, sim: Any) -> dict[str, object]:
         w.start()
     kills, crash_points, damaged = _kill_at_random(workers, lay.spool, rng, args)
     _drain(workers, lay.views[0], args.timeout)
+    if args.mounts and not args.export:
+        # Checked through a client mount (JuiceFS has no server-side folder): let its entry and
+        # attribute caches (JuiceFS: 1 s by default) expire, so a name another mount renamed
+        # away a moment ago is not seen in two folders.
+        time.sleep(CLIENT_CACHE_SETTLE)
     adopted = _adopt_torture(lay, args.adopt, rng, args) if args.adopt else {}
     wall = time.monotonic() - started
     found = _check(lay.spool, ids)
