@@ -23,6 +23,7 @@ from typing import Any
 from . import layers as layer_check
 from . import probe
 from .config import Config
+from .errors import Failed
 from .model import Check, Expect, LayerBox, MediaInfo, ValidationReport, media_info
 from .secrets import redact
 
@@ -208,6 +209,20 @@ def decode_check(path: Path, cfg: Config, duration: float | None, log: Path) -> 
     label_spans = " | ".join(" ".join(span) for span in spans) or "full"
     with open(log, "ab") as f:
         f.write(f"[decode {label_spans}] exit {proc.returncode}\n{text}\n".encode())
+    if proc.returncode < 0 and not text:
+        # Killed (by the OOM killer, an operator, a torture run) before it said anything:
+        # no verdict on the bytes, so not a failed check; the attempt is retried.
+        raise Failed(
+            "validate",
+            "decode_check",
+            f"the decode check was killed by signal {-proc.returncode} before it could judge the file",
+            expected="a finished decode check",
+            actual=f"signal {-proc.returncode}",
+            next_action="Nothing if it was a one-off (spool retries the job); check this host's memory "
+            "if it recurs.",
+            retryable=True,
+            fault="host",
+        )
     errors = text.splitlines()[:3] if (proc.returncode != 0 or text) else []
     if proc.returncode != 0 and not errors:
         errors = [f"exit status {proc.returncode}"]

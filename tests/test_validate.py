@@ -406,3 +406,21 @@ def test_sampled_decoding_reads_the_windows_it_names(files, tmp_path):
     assert by_name(report)["decode"].expected == "no decoder errors (2 windows of 0.25 s)"
     text = (tmp_path / "validate.log").read_text()
     assert "[decode -ss 0 -t 0.25 | -ss 1.75 -t 0.25]" in text
+
+
+def test_a_decode_check_killed_by_a_signal_is_no_verdict_on_the_bytes(files, tmp_path):
+    """A decoder the OOM killer (or a torture run) kills says nothing about the file: the
+    attempt is retried, never failed as "the output failed the decode check"."""
+    from spool.errors import Failed
+    from spool.validate import decode_check
+
+    killed = tmp_path / "ffmpeg"
+    killed.write_text("#!/bin/sh\nkill -KILL $$\n")
+    killed.chmod(0o755)
+    cfg = Config()
+    cfg.render.ffmpeg = str(killed)
+    with pytest.raises(Failed) as info:
+        decode_check(files["good"], cfg, 2.0, tmp_path / "validate.log")
+    f = info.value
+    assert (f.stage, f.property, f.retryable, f.fault) == ("validate", "decode_check", True, "host")
+    assert "signal 9" in f.message

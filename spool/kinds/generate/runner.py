@@ -772,9 +772,11 @@ class Runner:
         if isinstance(exc, GenFailed):
             result = exc.result
         elif view.state in ("retrieving", "stored", "indexed") and not (
-            isinstance(exc, Failed) and exc.stage == "validate"
+            isinstance(exc, Failed) and exc.stage == "validate" and not exc.retryable
         ):
-            result = "kept"  # the provider's result is fine; only this attempt's handoff failed
+            # The provider's result is fine (or not yet judged: a gate that could not run);
+            # only this attempt's handoff failed.
+            result = "kept"
         pid = rec.provider_job_id
         if view.state == "generating" and pid and not (isinstance(exc, GenFailed) and exc.cancelled):
             try:
