@@ -212,7 +212,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     filesystem: Filesystem = msgspec.field(default_factory=Filesystem)
     library: Library = msgspec.field(default_factory=Library)
     layers: Layers = msgspec.field(default_factory=Layers)
-    #: ``[providers.<name>]`` tables (docs/providers.md): raw here, each checked
+    #: ``[providers.<name>]`` tables (docs/generation.md): raw here, each checked
     #: into a ``ProviderConfig`` by :func:`parse` (read them via :attr:`provider_configs`).
     providers: dict[str, Any] = {}
 

@@ -11,7 +11,7 @@ anyway; this module is how ``spool fsck`` keeps that promise:
   (the staged manifest, written without fsync) is written again from
   ``manifests/J.json`` when that manifest names the attempt: the same bytes the
   attempt staged. Hints that nothing proves (progress, a generation's
-  ``poll.json``, worker records, enrichment, poster frames) are set aside under
+  ``gen/progress.json``, worker records, enrichment, poster frames) are set aside under
   a hidden name (``.<name>.damaged``, kept as found), so every reader sees
   "unknown" instead of an empty file and the writer makes a new one. Records
   that are fsynced before anything relies on them (attempt, failure, recovery
@@ -43,7 +43,8 @@ from .tree import Tree, visible_names, write_atomic
 #: Seconds a file must have been left alone before it is judged (a writer may be at work).
 SETTLE = 5.0
 
-#: Hints: records written without fsync that nothing relies on; a damaged one is set aside.
+#: Hints: records written without fsync that nothing relies on; a damaged one is set aside
+#: (a render's and a generation's ``progress.json``; ``poll.json`` of spools made before it).
 HINTS = frozenset({"progress.json", "poll.json"})
 
 #: The queue states a journal line can tell (its ``to``).

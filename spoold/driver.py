@@ -143,6 +143,10 @@ class Driver:
                 time.sleep(1.0)
             nxt = self._heap[0][0] if self._heap else None
             wait = 1.0 if nxt is None else max(0.0, min(1.0, nxt - time.time()))
+            with self._lock:
+                saturated = len(self._stepping) >= STEP_QUEUE
+            if saturated:
+                wait = 1.0  # due steps wait for room: a finishing step wakes this thread
             self._wake.wait(timeout=wait)
             self._wake.clear()
         # What the driven attempts cost this host (tools/genbench.py reads this line).
