@@ -235,3 +235,38 @@ def state_files(tree: Tree) -> dict[str, list[str]]:
         out[state] = sorted(p.name for p in (tree.root / state).glob("*.json"))
     out["running"] = sorted(p.name for p in tree.running.glob("*/*.json"))
     return out
+
+
+# -- the tiers ----------------------------------------------------------------------------------
+#: Fixtures that bring up a whole system: real daemons, several mounts of one folder (sshfs,
+#: JuiceFS), a real browser. A test that uses one is in the system tier; so is one marked
+#: ``system`` by hand (it kills processes again and again, or waits on a real clock).
+SYSTEM_FIXTURES = frozenset({"daemons", "mounts", "two_mounts", "nas", "browser"})
+#: Modules whose every test is a whole system (mounts, power cuts, torture, benchmarks).
+SYSTEM_MODULES = frozenset({"test_nas", "test_juicefs", "test_powerloss", "test_torture", "test_bench_smoke"})
+
+
+#: Modules whose tests each render on their own from cheap module fixtures: spread over the
+#: test workers one test at a time. Every other module runs whole on one worker (its module
+#: fixtures, often a spool after real renders, are made once).
+SPREAD_MODULES = frozenset({"test_recipe", "test_validate", "test_layers"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test with its tier: ``system`` (a whole system: daemons, mounts, power
+    cuts, torture, benchmarks) or the unit tier (everything else: library calls and CLI
+    commands on real files and real FFmpeg). ``tools/test --fast`` runs the unit tier.
+    And with its worker group (pytest-xdist ``--dist loadgroup``): its module's, unless the
+    module is spread."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        module = item.module.__name__ if getattr(item, "module", None) is not None else ""
+        if module not in SPREAD_MODULES:
+            item.add_marker(pytest.mark.xdist_group(module))
+        if (
+            names & SYSTEM_FIXTURES
+            or module in SYSTEM_MODULES
+            or item.get_closest_marker("torture")
+            or item.get_closest_marker("slow")
+        ):
+            item.add_marker(pytest.mark.system)

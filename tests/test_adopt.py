@@ -154,6 +154,7 @@ def check_adopted(tree: Tree, lib: Path, tags_csv: Path, tagged: set[str], untag
     assert_sound(tree)
 
 
+@pytest.mark.system  # long: the system tier
 def test_a_folder_is_adopted_once_and_untagged_files_are_reported(folder, tmp_path):
     lib, tags_csv, tagged, untagged = folder
     tree = new_spool(tmp_path / "spool", [lib])
@@ -168,6 +169,7 @@ def test_a_folder_is_adopted_once_and_untagged_files_are_reported(folder, tmp_pa
     assert len(os.listdir(tree.root / "complete")) == len(tagged)  # nothing adopted twice
 
 
+@pytest.mark.system
 def test_a_run_killed_mid_way_and_run_again_leaves_the_library_of_a_clean_run(folder, tmp_path):
     lib, tags_csv, tagged, untagged = folder
     clean = new_spool(tmp_path / "clean", [lib])
@@ -215,6 +217,7 @@ def small(tmp_path: Path) -> tuple[Tree, Path, Path]:
         "before_complete_rename",
     ],
 )
+@pytest.mark.system
 def test_a_crash_at_any_point_of_the_adopt_batch_is_finished_by_the_next_run(small, point):
     tree, lib, tags_csv = small
     res = run_cli(

@@ -86,6 +86,7 @@ def test_status_reads_the_config_only_when_it_reads_a_record(tree):
     assert judged.returncode == 2 and "spool.toml" in json.loads(judged.stdout)["error"]
 
 
+@pytest.mark.system  # long: the system tier
 def test_fast_commands_print_what_typer_prints(tree, assets):
     job = _job(tree, assets)
     spool = ("--spool", str(tree.root))
@@ -134,6 +135,7 @@ def test_a_rejected_submission_reads_the_same_and_stays_masked(tree, assets):
             assert a.pop("rejected") != b.pop("rejected") and a == b
 
 
+@pytest.mark.system  # long: the system tier
 def test_library_commands_print_what_typer_prints(tree, tmp_path):
     cfg = allow_noop(tree)
     for i in range(3):
@@ -197,7 +199,16 @@ def test_bench_syscalls_smoke_prints_its_rows(tmp_path, request):
         pytest.skip("tools/bench syscalls --smoke takes half a minute; run it with -m slow")
     out, disk = tmp_path / "bench.json", str(tmp_path / "disk")
     proc = subprocess.run(
-        [str(ROOT / "tools" / "bench"), "syscalls", "--smoke", "--json", str(out), "--disk-dir", disk],
+        [
+            sys.executable,
+            str(ROOT / "tools" / "bench.py"),
+            "syscalls",
+            "--smoke",
+            "--json",
+            str(out),
+            "--disk-dir",
+            disk,
+        ],
         capture_output=True,
         text=True,
         timeout=600,

@@ -52,6 +52,7 @@ def _fill(fs: Path) -> Path:
     return filler
 
 
+@pytest.mark.system
 def test_a_full_disk_while_running_is_one_line_a_visible_state_and_goes_on_after(small_fs, assets, tmp_path):
     tree = _spool(small_fs, assets)
     d = Daemon(tree, "w1", log=tmp_path / "daemon.log")
@@ -83,6 +84,7 @@ def test_a_full_disk_while_running_is_one_line_a_visible_state_and_goes_on_after
         d.kill()
 
 
+@pytest.mark.system
 def test_a_full_disk_at_start_is_one_line_without_the_config_and_a_stop_still_works(
     small_fs, assets, tmp_path
 ):

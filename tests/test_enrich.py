@@ -72,6 +72,7 @@ def test_comparison_syntax():
             library.parse_terms([bad])
 
 
+@pytest.mark.system  # long: the system tier
 def test_search_on_a_field_some_assets_lack_is_marked_partial(tree, cfg, assets):
     loud = publish(tree, cfg, minimal(assets, name="loud"))
     unmeasured = msgspec.structs.replace(  # the gate measures loudness unless told not to

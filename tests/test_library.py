@@ -9,6 +9,7 @@ import random
 import subprocess
 import time
 
+import pytest
 from conftest import SPOOL, minimal, run_cli, write_json
 from libhelp import allow_noop, noop_sub, publish, tags_for
 from test_nas import nas  # noqa: F401  (the two-mount fixture)
@@ -136,6 +137,7 @@ def test_get_of_a_complete_job_that_is_not_indexed_is_not_ready(tree):
     assert run_cli("get", jid, spool=tree).returncode == 0
 
 
+@pytest.mark.system
 def test_get_keeps_working_during_enrichment(tree, cfg, assets):
     samples.clip(assets / "long.mp4", seconds=20.0, size="320x240", rate=25)  # enrichment takes a while
     sub = minimal(assets, name="mug", sources={"clip": str(assets / "long.mp4")}, steps=[{"op": "encode"}])

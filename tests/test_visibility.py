@@ -153,6 +153,7 @@ def test_downloads_and_poster_frames_of_invisible_objects_are_404(lib, server, m
         assert server.raw(method, f"/thumbs/{digest}.jpg")[0] == 200
 
 
+@pytest.mark.system
 def test_the_page_in_chromium_shows_no_invisible_asset(lib, server):
     if not webdriver.available():
         pytest.skip("chromium and chromedriver are not installed (tools/setup installs them)")
