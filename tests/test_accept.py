@@ -850,8 +850,8 @@ def test_a_bad_drop_named_in_another_encoding_is_rejected_with_a_reason(tree, da
     d = daemons(tree)
     drop_bytes_name(tree, b"caf\xe9.json", b"not json")
     wait_for(lambda: os.listdir(tree.incoming) == [], timeout=30)
-    wait_for(lambda: os.listdir(tree.rejected), timeout=10)
-    time.sleep(0.5)  # the reason is written right after the move
+    # the reason is written right after the move: wait for it, not for a time
+    wait_for(lambda: any(n.endswith(".error.json") for n in os.listdir(tree.rejected)), timeout=10)
     assert d.alive()
     errors = [n for n in os.listdir(tree.rejected) if n.endswith(".error.json")]
     assert len(errors) == 1, os.listdir(tree.rejected)

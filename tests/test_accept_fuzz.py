@@ -337,6 +337,7 @@ def fuzz_spool(tree: Tree, assets: Path) -> tuple[Tree, config.Config, list[dict
     return tree, config.load(tree.config_file), _bases(assets)
 
 
+@pytest.mark.system  # long: the system tier
 def test_acceptance_never_crashes_and_rejections_never_pend(fuzz_spool):
     tree, cfg, bases = fuzz_spool
     # every base is valid as it stands, so mutations start from real jobs
@@ -366,7 +367,12 @@ def test_bad_keys_in_tags_and_sources_name_their_object(fuzz_spool):
     def prop(where: str, key: str) -> None:
         sub = copy.deepcopy(bases[0])
         sub[where][key] = "x"
-        check_one(tree, cfg, json.dumps(sub).encode(), "bad-key.json")
+        data = json.dumps(sub).encode()
+        with pytest.raises(InvalidInput) as err:
+            accept.accept_bytes(tree, cfg, data, "fuzzer")
+        # the error names the object the key is in, and the rejection path holds
+        assert err.value.field.split(".")[0].split("[")[0] == where, (key, err.value.field)
+        assert check_one(tree, cfg, data, "bad-key.json") == "rejected"
 
     prop()
 

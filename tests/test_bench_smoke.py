@@ -12,18 +12,21 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCH = ROOT / "tools" / "bench"
+#: tools/bench.py itself, not the tools/bench wrapper: the wrapper runs tools/setup, which
+#: may install into the .venv other tests are importing spool from at that moment.
+BENCH = ROOT / "tools" / "bench.py"
 
 
 def run_bench(tmp_path: Path, mode: str, timeout: float) -> tuple[subprocess.CompletedProcess[str], dict]:
     out = tmp_path / "bench.json"
     proc = subprocess.run(
-        [str(BENCH), mode, "--json", str(out), "--disk-dir", str(tmp_path / "disk")],
+        [sys.executable, str(BENCH), mode, "--json", str(out), "--disk-dir", str(tmp_path / "disk")],
         capture_output=True,
         text=True,
         timeout=timeout,

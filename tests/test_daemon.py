@@ -173,7 +173,9 @@ def test_second_sigterm_interrupts_at_once(tree, assets, long_clip, daemons):
     d = daemons(tree, "w1")
     _wait_rendering(tree, "twice@1")
     d.signal(signal.SIGTERM)
-    time.sleep(0.5)
+    # The first signal has been taken (the worker record says so), and the render goes on.
+    record = tree.worker_file(f"{_host()}-w1")
+    wait_for(lambda: json.loads(record.read_text())["state"] == "stopping", timeout=30)
     assert d.alive()
     d.signal(signal.SIGTERM)
     assert d.wait(timeout=30) == 0

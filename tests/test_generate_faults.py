@@ -275,7 +275,8 @@ def test_spool_cancel_stops_a_download_within_a_second(tree, sim, daemons):
     jid = submit(tree, gen_sub("gen-cancel-download", prompt))
     d = daemons(tree, env=ENV)
     wait_for(lambda: gen_view(tree, jid).state == "retrieving", timeout=30)
-    time.sleep(0.5)  # the transfer is under way
+    # the transfer is under way: the answer came and its partial file is open
+    wait_for(lambda: any(tree.attempt_dir(jid, 1).glob("work/.*.part")), timeout=30)
     asked = time.time()
     assert run_cli("cancel", jid, "--by", "tester", spool=tree).returncode == 0
     wait_for(lambda: job_state(tree, jid) == "failed", timeout=10, interval=0.02)

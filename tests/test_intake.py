@@ -113,7 +113,8 @@ def test_a_file_open_for_writing_is_not_taken_until_closed(tree: Tree, cfg: Conf
         with open(tree.incoming / "half.json", "wb") as f:
             f.write(data[:5])
             f.flush()
-            time.sleep(0.3)  # the created event has been seen
+            # the watcher has seen it created (and not closed): an event, not a time
+            wait_for(lambda: arrivals.why_waiting("half.json") == "still open for writing", timeout=5)
             assert accept.accept_incoming(tree, cfg, "w1", journal, arrivals=arrivals) == []
             f.write(data[5:])
         wait_for(lambda: arrivals.ready("half.json", os.lstat(tree.incoming / "half.json")), timeout=5)

@@ -9,6 +9,7 @@ the real one.
 
 from __future__ import annotations
 
+import re
 import shutil
 import stat
 import subprocess
@@ -100,3 +101,17 @@ def test_setup_for_the_tests_builds_lazyfs_where_the_shared_folder_is(project):
     build.write_text('echo lazyfs-build >> "$SETUP_ASKED"\n')
     assert "lazyfs-build" in _asked(project, "--test")
     assert "lazyfs-build" not in _asked(project)  # only the tests need it
+
+
+def test_no_test_runs_setup_or_the_bench_wrapper():
+    """tools/setup may ``pip install`` into the shared .venv while other test workers import
+    spool from it (seen: ModuleNotFoundError in five files of one run). Only this file runs
+    it, on a copy with fake installers; benchmarks are run as ``tools/bench.py``."""
+    wrapper = re.compile(r"""["']tools["']\s*/\s*["'](setup|bench)["']|["']tools/(setup|bench)["']""")
+    offenders = [
+        f"{f.name}: {m.group(0)}"
+        for f in sorted((ROOT / "tests").glob("*.py"))
+        if f.name != "test_setup.py"
+        for m in wrapper.finditer(f.read_text())
+    ]
+    assert offenders == []
