@@ -20,7 +20,7 @@ with the observer's wall clock alone. A long-lived observer (a daemon)
 remembers when *it* first saw each heartbeat value and measures staleness on
 its own monotonic clock. A one-shot observer (the CLI) compares the record
 file's mtime, which the file server assigns, with the mtime the same server
-gives a file it touches now (nas.md, section 4.8).
+gives a file it touches now (docs/research/nas.md, section 4.8).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def has_lock_open(pid: int, worker: str) -> bool:
     """Whether process ``pid`` keeps a worker identity lock file named for ``worker`` open.
 
     The identity lock is only visible through the mount it was taken on (FUSE
-    clients such as sshfs keep locks per mount, nas.md table row e), so a host
+    clients such as sshfs keep locks per mount, docs/research/nas.md table row e), so a host
     that mounts the spool twice cannot see a live worker's lock through the
     other mount. A daemon holds its lock file open for its whole life, so an
     open file descriptor is evidence of the same fact. Linux ``/proc`` only;

@@ -256,7 +256,7 @@ def link_no_replace(src: Path, dst: Path) -> None:
 
     ``os.link`` is exclusive on local disks, sshfs and NFS. Where a filesystem
     has no hard links, fall back to check-then-rename, which is only
-    exclusive between processes that do not race (documented in nas.md).
+    exclusive between processes that do not race (documented in docs/research/nas.md).
     """
     try:
         os.link(src, dst)
@@ -297,7 +297,7 @@ def transfer(src: Path, dst: Path) -> bool:
       rename tried once more.
     * An error whose errno is in :data:`VANISHED` means "the source is not
       there": either somebody else moved it (we lost), or the reply to our own
-      rename was lost and the client retransmitted it (nas.md section 4). We
+      rename was lost and the client retransmitted it (docs/research/nas.md section 4). We
       tell them apart by looking: if the file is at ``dst`` and no longer at
       ``src``, the rename landed and it is ours.
     * Any other error (EACCES, EROFS, ENOSPC...) is raised: it is located, not

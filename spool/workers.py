@@ -3,7 +3,7 @@
 A worker is one daemon process, named ``<host>-<name>``. Exactly one live
 process may hold an identity: it takes an exclusive lock on
 ``workers/.<worker>.lock``. Locks are trustworthy between processes of one
-host (nas.md: even on sshfs and NFS mounts they block a second local process),
+host (docs/research/nas.md: even on sshfs and NFS mounts they block a second local process),
 and the host is part of the name, so no other host ever contends for it.
 """
 

@@ -1,7 +1,7 @@
 """Wake-ups: inotify (watchdog) as a fast path, a periodic rescan as the truth.
 
 inotify sees only changes made through this host's kernel: on a network mount
-another host's drops and claims are invisible to it (nas.md, table row g). So
+another host's drops and claims are invisible to it (docs/research/nas.md, table row g). So
 the daemon always rescans on a timer too; inotify only makes local changes
 fast. Besides waking the loop, the watcher hands over the names that changed
 in ``pending/``, so the claim order can be updated name by name instead of

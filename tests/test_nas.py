@@ -181,7 +181,7 @@ def test_doctor_on_the_network_mount_with_a_peer(nas):
     p = r["probes"]
     assert r["mount"]["fstype"] == "fuse.sshfs" and r["mount"]["kind"] == "network"
     assert r["safe"] is True
-    # what nas.md measured for sshfs, as doctor reports it
+    # what docs/research/nas.md measured for sshfs, as doctor reports it
     assert p["rename"]["ok"] and p["rename"]["peer"]["missing"] == 0  # atomic on the server
     assert p["rename_race"]["ok"] and p["rename_race"]["not_exactly_one"] == 0
     assert p["links"]["ok"] and p["links"]["race_not_exactly_one"] == 0

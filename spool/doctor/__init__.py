@@ -2,7 +2,7 @@
 
 A spool may live on a local disk, on tmpfs, or on a NAS that several hosts
 mount. The queue's correctness never depends on the answer (claims are
-renames, records are written once under unique names, see nas.md), but two
+renames, records are written once under unique names, see docs/research/nas.md), but two
 strategies do:
 
 * **publish**: ``link`` (hard-link the validated file into the store) where

@@ -27,7 +27,7 @@ NETWORK_FS = frozenset(
     }
 )  # fmt: skip
 #: Cloud and sync-drive mounts: a VFS layer of their own that broke rename, O_EXCL and
-#: mkdir exclusivity in the simulation (nas.md, sections 1 and 4.9).
+#: mkdir exclusivity in the simulation (docs/research/nas.md, sections 1 and 4.9).
 SYNC_DRIVE_FS = frozenset(
     {
         "fuse.rclone", "rclone", "fuse.s3fs", "fuse.gcsfuse", "fuse.goofys", "fuse.geesefs",

@@ -159,6 +159,6 @@ def warnings(
         out.append(
             f"[recovery] stale_after = {cfg.recovery.stale_after:g} s is short for a shared mount"
             + (f" whose listings lag {lag:.0f} s" if lag else "")
-            + ": use at least 60 s (nas.md 4.5)."
+            + ": use at least 60 s (docs/research/nas.md 4.5)."
         )
     return out
