@@ -54,7 +54,7 @@ from .accept import JOB_COPY
 from .model import Failure, Manifest, WorkerRecord
 from .publish import install_manifest
 from .status import Location, attempt_numbers, locate_all, read, running_workers
-from .tree import FLAT_STATES, Tree, fsync_dir, visible_names, write_atomic, writer_gone
+from .tree import FLAT_STATES, Tree, copy_verified, fsync_dir, visible_names, write_atomic, writer_gone
 
 
 @dataclass
@@ -387,7 +387,7 @@ def _store(tree: Tree, repair: bool, verify_hashes: bool) -> list[Problem]:
                 else:
                     prob.repair = f"restore it from {_rel(tree, source)}, which has the right sha256"
                     if repair:
-                        store._copy_verified(source, f, digest)
+                        copy_verified(source, f, digest, mode=0o444, replace=True)
                         prob.repaired = True
                 out.append(prob)
                 continue

@@ -35,7 +35,6 @@ silently dropped and never a hit.
 
 from __future__ import annotations
 
-import errno
 import os
 import re
 from collections.abc import Iterable
@@ -53,7 +52,7 @@ from .index import NAME_RE, split_job_id
 from .model import JOB_ID_RE, Manifest, MediaInfo
 from .records import read
 from .status import library_counts, locate, running_workers
-from .tree import Tree, fsync_dir, temp_name
+from .tree import Tree, copy_verified, fsync_dir, link_no_replace, link_or_copy, temp_name
 from .visibility import nfc
 
 _TERM = re.compile(
@@ -587,31 +586,17 @@ def copy_to(got: Got, dest_dir: Path, *, link: bool = False) -> Path:
         raise SpoolError(f"{dest} exists with other content; remove it or choose another --to")
     tmp = dest_dir / temp_name(got.file)
     try:
-        linked = False
-        if link:
-            try:
-                os.link(got.path, tmp)
-                linked = True
-            except OSError as exc:
-                if exc.errno not in store.NO_LINKS:
-                    raise
-        if not linked:
-            with open(got.path, "rb") as fin, open(tmp, "xb") as fout:
-                while chunk := fin.read(1 << 20):
-                    fout.write(chunk)
-                fout.flush()
-                os.fsync(fout.fileno())
-        digest, _ = store.sha256_file(tmp)
-        if digest != got.sha256:
+        if not link:
+            copy_verified(got.path, tmp, got.sha256)  # hashed back from the disk
+        elif (
+            link_or_copy(got.path, tmp, got.sha256) == "link"  # the store's own inode: checked too
+            and store.sha256_file(tmp)[0] != got.sha256
+        ):
             raise SpoolError(f"the copy in {dest_dir} does not match sha256 {got.sha256}")
         try:
-            os.link(tmp, dest)
+            link_no_replace(tmp, dest)
         except FileExistsError:
             raise SpoolError(f"{dest} appeared while copying; remove it or choose another --to") from None
-        except OSError as exc:
-            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
-                raise
-            os.rename(tmp, dest)
     finally:
         try:
             os.unlink(tmp)

@@ -39,8 +39,6 @@ worker, if it was only paused, finds its job gone at its next fence.
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -65,7 +63,7 @@ from .model import (
 from .publish import install_manifest, publish
 from .records import read
 from .status import running_workers
-from .tree import Tree, fsync_dir, make_dirs, transfer, visible_names, write_atomic
+from .tree import Tree, link_or_copy, make_dirs, transfer, visible_names, write_atomic
 
 log = logging.getLogger("spool.recover")
 
@@ -348,7 +346,7 @@ def _apply(
         att = open_attempt(tree, jid, ctx.worker, reason=f"recovery of attempt {ev.attempt}")
         old = tree.root / ev.candidate
         new = kinds.of(job).candidate(job, att.dir)
-        _link_or_copy(old, new)
+        link_or_copy(old, new)  # a copy is verified against the old candidate's bytes
         assert report is not None  # accept-candidate is decided on a report
         publish(
             ctx,
@@ -386,15 +384,6 @@ def _apply(
 def _move(ctx: Context, jid: str, to: str) -> None:
     if not transfer(ctx.tree.job_file("running", jid, ctx.worker), ctx.tree.job_file(to, jid)):
         raise LostOwnership(f"{jid} left running/{ctx.worker}/ during recovery")
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    """Bring the old attempt's candidate into the new attempt without changing its bytes."""
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copyfile(src, dst)
-    fsync_dir(dst.parent)
 
 
 def jobs_of(tree: Tree, worker: str) -> list[str]:

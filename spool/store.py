@@ -8,8 +8,9 @@ Publish order for one validated candidate in ``attempts/J/<n>/work/``:
    a short file: the Nix "hard-linked before written" bug);
 3. hard-link it to ``store/sha256/<aa>/<hash><ext>`` and fsync that folder.
    ``EEXIST`` means the same content is already published: a no-op. Where the
-   filesystem has no hard links, copy to a hidden temp name in the store
-   folder, fsync, re-hash the copy, then rename it into place.
+   filesystem has no hard links, :func:`spool.tree.link_or_copy` copies to a
+   hidden temp name in the store folder, fsyncs it, hashes it back from the
+   disk, then gives it the name (never replacing).
 
 The manifest that names the store file is written after this (by
 :mod:`spool.execute`), so a manifest can never point at a missing file.
@@ -17,7 +18,6 @@ The manifest that names the store file is written after this (by
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 from collections.abc import Iterator
@@ -25,12 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .model import Manifest, PublishedFile
-from .tree import Tree, fsync_dir, make_dirs, temp_name
-
-#: errnos that mean "this filesystem cannot hard-link here": fall back to copying.
-NO_LINKS = frozenset({errno.EXDEV, errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EIO, errno.EMLINK})
-
-_CHUNK = 1 << 20
+from .tree import Tree, copy_verified, link_or_copy, make_dirs
 
 
 def sha256_file(path: Path) -> tuple[str, int]:
@@ -64,18 +59,12 @@ def put(tree: Tree, candidate: Path, ext: str, *, prefer_link: bool = True) -> S
         os.fsync(fd)
     finally:
         os.close(fd)
-    if prefer_link:
-        try:
-            os.link(candidate, final)
-        except FileExistsError:
-            return Stored(digest, size, final, "existing")
-        except OSError as exc:
-            if exc.errno not in NO_LINKS:
-                raise
-        else:
-            fsync_dir(final.parent)
-            return Stored(digest, size, final, "link")
-    _copy_verified(candidate, final, digest)
+    try:
+        if prefer_link:
+            return Stored(digest, size, final, link_or_copy(candidate, final, digest, mode=0o444))
+        copy_verified(candidate, final, digest, mode=0o444)
+    except FileExistsError:  # published meanwhile, by content: the same bytes
+        return Stored(digest, size, final, "existing")
     return Stored(digest, size, final, "copy")
 
 
@@ -84,28 +73,6 @@ def _same_object(final: Path, size: int) -> bool:
         return final.stat().st_size == size
     except FileNotFoundError:
         return False
-
-
-def _copy_verified(src: Path, final: Path, digest: str) -> None:
-    tmp = final.parent / temp_name(final.name)
-    try:
-        with open(src, "rb") as fin, open(tmp, "xb") as fout:
-            while chunk := fin.read(_CHUNK):
-                fout.write(chunk)
-            fout.flush()
-            os.fsync(fout.fileno())
-        copied, _ = sha256_file(tmp)
-        if copied != digest:
-            raise OSError(errno.EIO, f"copy into the store does not match sha256 {digest}")
-        os.chmod(tmp, 0o444)
-        os.replace(tmp, final)  # equal content by construction: replacing is harmless
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    fsync_dir(final.parent)
 
 
 def objects(tree: Tree) -> Iterator[Path]:

@@ -20,6 +20,7 @@ Only this module and :mod:`spool.store` decide how bytes reach the disk.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import re
 import stat
@@ -251,6 +252,73 @@ def write_atomic(
         fsync_dir(folder)
 
 
+#: What ``os.link`` raises where a second name cannot be made: another filesystem
+#: (EXDEV), a filesystem without hard links or refusing them (EPERM, ENOTSUP,
+#: EOPNOTSUPP; FUSE mounts answer EIO), an inode with too many links (EMLINK). One set
+#: for every link spool makes; each then falls back to a verified copy.
+NO_LINKS = frozenset({errno.EXDEV, errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EIO, errno.EMLINK})
+
+_COPY_CHUNK = 1 << 20
+
+
+def copy_verified(
+    src: Path, dst: Path, digest: str | None = None, *, mode: int | None = None, replace: bool = False
+) -> None:
+    """Copy ``src``'s bytes to ``dst`` so that ``dst`` is whole and checked, or absent.
+
+    The bytes go to a hidden temp name beside ``dst``, are fsynced and hashed back from
+    the disk; the sha256 must be ``digest`` (default: ``src``'s, read while copying).
+    Only then does the copy take ``dst``'s name: without replacing (``FileExistsError``),
+    or with ``replace=True`` where equal content is the point (a store object restored).
+    ``mode`` is set on the copy first (0o444 for what must stay read-only). The folder
+    is fsynced."""
+    tmp = dst.parent / temp_name(dst.name)
+    read = hashlib.sha256()
+    try:
+        with open(src, "rb") as fin, open(tmp, "xb") as fout:
+            while chunk := fin.read(_COPY_CHUNK):
+                read.update(chunk)
+                fout.write(chunk)
+            fout.flush()
+            os.fsync(fout.fileno())
+        want = digest or read.hexdigest()
+        with open(tmp, "rb") as f:
+            copied = hashlib.file_digest(f, "sha256").hexdigest()
+        if copied != want:
+            raise OSError(errno.EIO, f"the copy of {src.name} does not match sha256 {want}", str(dst))
+        if mode is not None:
+            os.chmod(tmp, mode)
+        if replace:
+            os.replace(tmp, dst)
+        else:
+            link_no_replace(tmp, dst)
+            os.unlink(tmp)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(dst.parent)
+
+
+def link_or_copy(src: Path, dst: Path, digest: str | None = None, *, mode: int | None = None) -> str:
+    """Give ``dst`` the bytes of ``src``: a hard link where the filesystem allows (the same
+    inode, nothing copied), else :func:`copy_verified` (with ``mode``). Never replaces:
+    ``FileExistsError`` if ``dst`` exists. The folder is fsynced. ``"link"`` or ``"copy"``."""
+    try:
+        os.link(src, dst)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        if exc.errno not in NO_LINKS:
+            raise
+        copy_verified(src, dst, digest, mode=mode)
+        return "copy"
+    fsync_dir(dst.parent)
+    return "link"
+
+
 def link_no_replace(src: Path, dst: Path) -> None:
     """Give ``src`` the extra name ``dst``, failing if ``dst`` exists.
 
@@ -263,7 +331,7 @@ def link_no_replace(src: Path, dst: Path) -> None:
     except FileExistsError:
         raise
     except OSError as exc:
-        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EIO, errno.EXDEV):
+        if exc.errno not in NO_LINKS:
             raise
         if os.path.lexists(dst):
             raise FileExistsError(errno.EEXIST, "file exists", str(dst)) from exc

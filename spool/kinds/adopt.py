@@ -25,8 +25,6 @@ contract, as the kind sees it:
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +33,7 @@ from .. import sources as sources_
 from .. import store
 from ..errors import InvalidInput
 from ..model import Check, Expect, JobBase, Output, ValidationReport, media_info
+from ..tree import link_or_copy
 from .base import Kind, Produced
 
 if TYPE_CHECKING:
@@ -98,12 +97,9 @@ class Adopt(Kind[AdoptJob]):
     def produce(self, ctx: Context, job: AdoptJob, attempt: Attempt) -> Produced:
         started = time.monotonic()
         out = attempt.work / job.output.file
-        try:
-            os.link(job.sources[0].path, out)
-        except OSError as exc:
-            if exc.errno not in store.NO_LINKS:
-                raise
-            shutil.copyfile(job.sources[0].path, out)  # another filesystem: the gate hashes the copy
+        # The same inode where the filesystem allows; else a copy verified against the
+        # sha256 frozen at acceptance (and the gate hashes the candidate again).
+        link_or_copy(Path(job.sources[0].path), out, job.sources[0].sha256)
         return Produced(out, round(time.monotonic() - started, 3))
 
     def check(self, cfg: Config, job: AdoptJob, candidate: Path, log: Path) -> ValidationReport:
