@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from .faults import crashpoint
+from .tree import route_folder_fsyncs
 
 #: How long a leader waits, at most, for other threads' requests on its folder (seconds).
 WINDOW = 0.002
@@ -156,6 +157,7 @@ def install(coalescer: Coalescer | None) -> None:
     """
     global _installed
     _installed = coalescer
+    route_folder_fsyncs(sync_folder)
 
 
 def installed() -> Coalescer | None:
@@ -198,6 +200,7 @@ def together(*, at_once: bool = False) -> Iterator[None]:
     if getattr(_local, "pending", None) is not None:
         yield
         return
+    route_folder_fsyncs(sync_folder)  # from now on, this process's folder fsyncs come here
     pending: dict[str, None] = {}
     _local.pending = pending
     ok = False

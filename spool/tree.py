@@ -24,9 +24,8 @@ import hashlib
 import os
 import re
 import stat
-import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -179,21 +178,30 @@ def commit_riders() -> None:
         rider.commit()
 
 
+#: Where this process's folder fsyncs go instead of a plain fsync: set (by
+#: :mod:`spool.groupcommit`) only by an explicit act, a daemon installing its coalescer
+#: (threads share one fsync of a folder) or a thread beginning a ``together()`` batch
+#: (done when the batch ends, before anything is told). Until then every folder fsync is
+#: plain, and a command that does neither (the lean CLI) pays for nothing else.
+_folder_router: Callable[[Path], None] | None = None
+
+
+def route_folder_fsyncs(router: Callable[[Path], None] | None) -> None:
+    """Send every later :func:`fsync_dir` of this process to ``router`` (``None``: plain)."""
+    global _folder_router
+    _folder_router = router
+
+
 def fsync_dir(path: Path) -> None:
     """Make a folder's entries (new names, renames, removals) durable.
 
     The riders (this process's journals) are made durable first: the journal's
-    group commit rides on the tree's. Then through :mod:`spool.groupcommit`: a
-    plain fsync, unless a daemon installed a coalescer (threads share one fsync
-    of a folder) or this thread is in a ``together()`` batch (done when the
-    batch ends, before anything is told). Neither can be so unless that module
-    was imported, so a command that never imports it (the lean CLI) does not
-    pay for it (threading, its lock)."""
+    group commit rides on the tree's. Then a plain fsync, or the router's
+    (:func:`route_folder_fsyncs`)."""
     if _riders:
         commit_riders()
-    gc = sys.modules.get("spool.groupcommit")
-    if gc is not None:
-        gc.sync_folder(path)
+    if _folder_router is not None:
+        _folder_router(path)
         return
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:

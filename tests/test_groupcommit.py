@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -260,3 +262,17 @@ def test_a_batch_at_once_fsyncs_its_folders_concurrently(tmp_path: Path, watched
     assert len(slow) == 4
     assert time.monotonic() - t0 < 0.3, "the fsyncs ran one after another"
     assert max(s for s, _ in slow) < min(e for _, e in slow)  # all four were under way together
+
+
+def test_only_an_explicit_act_routes_folder_fsyncs_never_an_import() -> None:
+    """Importing spool.groupcommit changes nothing; installing a coalescer or beginning a
+    batch does (the tree layer's behaviour never hangs on what happened to be imported)."""
+    code = (
+        "import spool.tree as t, spool.groupcommit as g\n"
+        "print(t._folder_router is None)\n"
+        "with g.together():\n"
+        "    pass\n"
+        "print(t._folder_router is g.sync_folder)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "True"]
