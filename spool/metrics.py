@@ -23,7 +23,6 @@ family, no timestamps (the textfile collector forbids them).
 from __future__ import annotations
 
 import math
-import os
 import re
 import threading
 import time
@@ -39,7 +38,7 @@ from .config import Config
 from .model import Event, PoolUse, WorkerRecord
 from .printable import printable
 from .status import read, running_workers
-from .tree import Tree, is_visible, visible_names, write_atomic
+from .tree import Tree, list_folder, visible_names, write_atomic
 
 T = TypeVar("T")
 
@@ -307,44 +306,6 @@ class Folders:
 
 
 @dataclass
-class _Listed:
-    count: int = 0
-    oldest: float | None = None  # ctime
-    entries: list[tuple[str, float]] = field(default_factory=list)  # (name, ctime) when asked for
-
-
-def _list(
-    folder: Path, *, suffix: str = ".json", skip: str = "", ctimes: bool = False, prefix: str = ""
-) -> _Listed:
-    """Visible ``suffix`` files of ``folder`` (with ``ctimes``, each one's ctime);
-    with ``prefix``, names starting with it are counted too (dotfiles included)."""
-    out = _Listed()
-    try:
-        it = os.scandir(folder)
-    except (FileNotFoundError, NotADirectoryError):
-        return out
-    with it:
-        for e in it:
-            name = e.name
-            if prefix and name.startswith(prefix):
-                out.count += 1
-                continue
-            if not name.endswith(suffix) or not is_visible(name) or (skip and name.endswith(skip)):
-                continue
-            if not ctimes:
-                out.count += 1
-                continue
-            try:
-                ct = e.stat().st_ctime
-            except FileNotFoundError:
-                continue  # moved on while we looked
-            out.count += 1
-            out.entries.append((name, ct))
-            out.oldest = ct if out.oldest is None else min(out.oldest, ct)
-    return out
-
-
-@dataclass
 class Own:
     """What a daemon knows of itself without asking the file server."""
 
@@ -372,7 +333,7 @@ class QueueView:
     def families(self, own: Own, now: float) -> list[Family]:
         t, get = self.tree, self.folders.get
         incoming = get(
-            "incoming", (t.incoming,), partial(_list, t.incoming, ctimes=True, prefix=".accepting."), now
+            "incoming", (t.incoming,), partial(list_folder, t.incoming, stat=True, taken=".accepting."), now
         )
         counts = {"incoming": incoming.count, "pending": own.pending[0]}
         for state, folder, skip in (
@@ -382,7 +343,7 @@ class QueueView:
             ("rejected", t.rejected, ".error.json"),
             ("quarantine", t.quarantine, ""),
         ):
-            counts[state] = get(state, (folder,), partial(_list, folder, skip=skip), now).count
+            counts[state] = get(state, (folder,), partial(list_folder, folder, skip=skip), now).count
         running = self._running(now)
         counts["running"] = len(running)
         order = ("incoming", "pending", "held", "running", "complete", "failed", "rejected", "quarantine")
@@ -440,8 +401,8 @@ class QueueView:
         out: list[tuple[str, float]] = []
         for w in workers:
             folder = run / w
-            listed = self.folders.get(("running", w), (folder,), partial(_list, folder, ctimes=True), now)
-            out += [(name[:-5], ct) for name, ct in listed.entries]
+            listed = self.folders.get(("running", w), (folder,), partial(list_folder, folder, stat=True), now)
+            out += [(name[:-5], ct) for ct, name in listed.entries]
         return out
 
     def _beats(self, own: Own, now: float) -> list[tuple[str, float]]:

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .tree import FLAT_STATES, Tree, Value, visible_names
+from .tree import FLAT_STATES, Tree, Value, list_folder, visible_names
 
 if TYPE_CHECKING:
     from .kinds import Job
@@ -86,19 +86,12 @@ def job_names(tree: Tree, state: str) -> list[str]:
 
 
 def _listed(folder: Path, suffix: str = ".json") -> list[str]:
-    """:func:`spool.tree.visible_names` as a list, from ``os.listdir`` (a temp name
-    starts with a dot, so a visible one ending in ``suffix`` is a finished file)."""
-    try:
-        names = os.listdir(folder)
-    except FileNotFoundError:
-        return []
-    return [n for n in names if n.endswith(suffix) and n[0] != "."]
+    """The finished ``suffix`` files of ``folder`` (:func:`spool.tree.list_folder`)."""
+    return list_folder(folder, suffix=suffix).names
 
 
-def count(folder: Path, skip_suffix: str | None = None) -> int:
-    if skip_suffix is None:
-        return len(_listed(folder))
-    return sum(1 for n in _listed(folder) if not n.endswith(skip_suffix))
+def count(folder: Path, skip_suffix: str | None = None, taken: str = "") -> int:
+    return list_folder(folder, skip=skip_suffix or "", taken=taken).count
 
 
 def counts(tree: Tree) -> dict[str, int]:
@@ -106,7 +99,9 @@ def counts(tree: Tree) -> dict[str, int]:
     out = {s: count(tree.root / s) for s in FLAT_STATES}
     out["running"] = sum(count(tree.running_dir(w)) for w in running_workers(tree))
     out["rejected"] = count(tree.rejected, skip_suffix=".error.json")
-    out["incoming"] = count(tree.incoming)
+    # drops a worker has taken but not yet accepted are still incoming (the page and
+    # the metrics count them so too)
+    out["incoming"] = count(tree.incoming, taken=".accepting.")
     out["quarantine"] = count(tree.quarantine)
     keys = ("incoming", "pending", "held", "running", "complete", "failed", "rejected", "quarantine")
     return {k: out[k] for k in keys}

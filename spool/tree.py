@@ -439,6 +439,66 @@ def visible_names(folder: Path, suffix: str = ".json") -> Iterator[str]:
                 yield name
 
 
+class Listing:
+    """What one listing of a folder found (:func:`list_folder`)."""
+
+    __slots__ = ("count", "entries", "names", "oldest")
+
+    def __init__(self) -> None:
+        self.count = 0
+        #: the visible names (without ``stat``); with ``stat``, ``entries`` instead
+        self.names: list[str] = []
+        #: (ctime, name) of each visible file, with ``stat``
+        self.entries: list[tuple[float, str]] = []
+        #: the oldest ctime, with ``stat``
+        self.oldest: float | None = None
+
+
+def list_folder(
+    folder: Path, *, suffix: str = ".json", skip: str = "", stat: bool = False, taken: str = ""
+) -> Listing:
+    """One listing of ``folder``: its finished files ending in ``suffix`` (and not in
+    ``skip``), counted; with ``stat``, each one's ctime too. Names starting with
+    ``taken`` count as well, dotfiles included (drops a worker has taken but not yet
+    accepted: ``.accepting.<worker>.<name>``). A missing folder is an empty one.
+
+    The count, status and metrics readers all list through here. Without ``stat`` it is
+    one ``os.listdir`` and a comprehension (no DirEntry per job: a third of the cost of
+    scandir over 100,000 jobs); with ``stat`` a scandir, skipping files that moved on
+    while it looked."""
+    out = Listing()
+    if not stat:
+        try:
+            names = os.listdir(folder)
+        except (FileNotFoundError, NotADirectoryError):
+            return out
+        # is_visible, inlined (this runs once per job): a temp name starts with a dot.
+        visible = [n for n in names if n.endswith(suffix) and n[0] != "." and not (skip and n.endswith(skip))]
+        out.names = visible
+        out.count = len(visible) + (sum(1 for n in names if n.startswith(taken)) if taken else 0)
+        return out
+    try:
+        it = os.scandir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return out
+    with it:
+        for e in it:
+            name = e.name
+            if taken and name.startswith(taken):
+                out.count += 1
+                continue
+            if name[0] == "." or not name.endswith(suffix) or (skip and name.endswith(skip)):
+                continue
+            try:
+                ct = e.stat().st_ctime
+            except FileNotFoundError:
+                continue  # moved on while we looked
+            out.count += 1
+            out.entries.append((ct, name))
+            out.oldest = ct if out.oldest is None else min(out.oldest, ct)
+    return out
+
+
 class Value:
     """A small immutable value: what ``@dataclass(frozen=True)`` gives (equality and
     hash by fields, a repr, no assignment), without importing :mod:`dataclasses`,

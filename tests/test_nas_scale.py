@@ -236,13 +236,16 @@ def test_the_metrics_hook_never_lists_pending(tree, monkeypatch):
         (tree.pending / f"p{i}@1.json").write_text("{}")
     d = Daemon(tree, config.load(tree.config_file), "probe", hooks=[])
     listed: list[str] = []
-    real = os.scandir
 
-    def spy(path):  # type: ignore[no-untyped-def]
-        listed.append(os.path.basename(path))
-        return real(path)
+    def spying(real):  # type: ignore[no-untyped-def]
+        def spy(path):  # type: ignore[no-untyped-def]
+            listed.append(os.path.basename(path))
+            return real(path)
 
-    monkeypatch.setattr(os, "scandir", spy)
+        return spy
+
+    monkeypatch.setattr(os, "scandir", spying(os.scandir))  # listings with a stat each
+    monkeypatch.setattr(os, "listdir", spying(os.listdir))  # listings of names only
     hook = Metrics()
     hook.started(d)
     hook.tick(d)

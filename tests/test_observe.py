@@ -295,3 +295,25 @@ def test_a_read_only_viewer_does_not_take_live_workers_for_dead(tree, daemons):
     assert fixed.health == "alive" and str(d.proc.pid) in fixed.reason
     d.kill()
     assert overview._readonly_view(as_seen).health == "dead"
+
+
+def test_status_the_page_and_the_metrics_count_the_same_folders_the_same(tree: Tree) -> None:
+    """One listing (spool.tree.list_folder) behind every reader: a drop a worker has taken
+    but not accepted is incoming for all three; temp names and reasons count for none."""
+    from spool import metrics, overview
+
+    (tree.incoming / "a.json").write_text("{}")
+    (tree.incoming / ".accepting.w1.b.json").write_text("{}")  # taken, not yet accepted
+    (tree.incoming / ".c.json.tmp").write_text("{")  # still being written
+    (tree.rejected / "d.json").write_text("{}")
+    (tree.rejected / "d.error.json").write_text("{}")
+    (tree.failed / "e@1.json").write_text("{}")
+    want = {"incoming": 2, "rejected": 1, "failed": 1, "pending": 0}
+    by_status = status.counts(tree)
+    by_page = overview.scan_queue(tree, time.time()).counts
+    view = metrics.QueueView(tree)
+    fams = view.families(metrics.Own(worker="w1", pending=(0, None), beat_age=0.0), time.time())
+    text = metrics.exposition(fams)
+    for state, n in want.items():
+        assert by_status[state] == n == by_page[state], (state, by_status, by_page)
+        assert f'spool_jobs{{worker="w1",state="{state}"}} {n}\n' in text, (state, text[:2000])
