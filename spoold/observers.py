@@ -163,10 +163,6 @@ class _Snapshot:
     own: metrics.Own
 
 
-#: Outputs that have a picture to make a poster frame of.
-VIDEO_CONTAINERS = frozenset({"mp4", "mov", "webm"})
-
-
 class Thumbnails(Hook):
     """Makes the poster frame of every job this daemon completes, off the job's thread."""
 
@@ -196,7 +192,8 @@ class Thumbnails(Hook):
         while (job_id := self.jobs.get()) is not None:
             try:
                 m = read(daemon.tree.manifest_file(job_id), Manifest)
-                if m is not None and m.output.container in VIDEO_CONTAINERS:  # not noop outputs
+                job = read(daemon.tree.job_file("complete", job_id), kinds.Job)
+                if m is not None and job is not None and kinds.of(job).poster_frames:  # its kind says
                     made = thumbs.make(daemon.tree, daemon.cfg, m)
                     if made is not None:
                         log.debug("%s: poster frame %s", job_id, daemon.tree.relative(made))
