@@ -5,7 +5,6 @@ Operator limits live here and only here: nothing a job says can raise them.
 
 from __future__ import annotations
 
-import re
 import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -14,38 +13,10 @@ import msgspec
 
 from .decoding import convert
 from .errors import ConfigError, InvalidInput
+from .units import PositiveInt, Seconds, parse_size
 
 if TYPE_CHECKING:
     from .kinds.generate.providers.config import ProviderConfig
-
-Seconds = Annotated[float, msgspec.Meta(gt=0)]
-PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.I)
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-
-
-def parse_size(value: int | str) -> int:
-    """``"20GiB"``, ``"500 MB"`` or a plain integer of bytes -> bytes."""
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError("must not be negative")
-        return value
-    m = _SIZE.match(value)
-    if not m:
-        raise ValueError(f"{value!r} is not a size such as 20GiB or 500MB")
-    return int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
 
 
 class Assets(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

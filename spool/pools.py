@@ -10,22 +10,10 @@ to its capacity, best job first, and reports each pool in its heartbeat.
 
 from __future__ import annotations
 
-from .config import Config
 from .model import PoolUse
 
 #: The pool of FFmpeg work (sized by ``[limits] max_active``).
 RENDER = "render"
-
-
-def capacities(cfg: Config) -> dict[str, int]:
-    """Every pool this spool's config sizes, by name, as each kind declares them (the
-    render slots; one allowance per configured provider of the generate kind)."""
-    from . import kinds  # the kinds build on pools (RENDER), not the other way
-
-    out = {RENDER: cfg.limits.max_active}
-    for kind in kinds.KINDS.values():
-        out.update(kind.pools(cfg))
-    return out
 
 
 class Pools:

@@ -46,14 +46,17 @@ from spool.config import Config
 from spool.events import Journal
 from spool.execute import Context, execute
 from spool.faults import crashpoint
+from spool.kinds import capacities
 from spool.model import PoolUse
-from spool.pools import Pools, capacities
+from spool.pools import Pools
 from spool.status import count
 from spool.tree import Tree, make_dirs, visible_names
 from spool.workers import Heartbeat, Identity
 
 from .driver import Driver
-from .hooks import Hook, call, default_hooks
+from .hooks import Hook, call
+from .notify import SystemdNotify
+from .observers import Metrics, Thumbnails
 from .policies import AutoRecover
 from .slots import Slot, SlotThreads
 from .waker import Waker
@@ -104,7 +107,8 @@ class Daemon:
         self._told_stopping = False
         #: Counters hooks may read (metrics): claims lost to another worker, and so on.
         self.stats: dict[str, int] = {"claim_conflicts": 0, "claims": 0}
-        self.hooks = [AutoRecover(), *default_hooks()] if hooks is None else hooks
+        # The parts every daemon runs with: recovery policy, then observers.
+        self.hooks = [AutoRecover(), SystemdNotify(), Metrics(), Thumbnails()] if hooks is None else hooks
         self.journal.listeners.append(lambda ev: call(self.hooks, "event", self, ev))
         #: Attempts of driven kinds (generations) are stepped here, not in slot threads.
         self.driver = Driver(self.ctx, self._driven_done)

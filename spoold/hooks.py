@@ -53,11 +53,3 @@ def call(hooks: list[Hook], name: str, daemon: Daemon, *args: object) -> None:
             getattr(hook, name)(daemon, *args)
         except Exception:
             log.exception("hook %s.%s failed", type(hook).__name__, name)
-
-
-def default_hooks() -> list[Hook]:
-    """The hooks every daemon runs with (each module adds its own here)."""
-    from .notify import SystemdNotify
-    from .observers import Metrics, Thumbnails
-
-    return [SystemdNotify(), Metrics(), Thumbnails()]

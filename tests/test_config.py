@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from spool import config
+from spool import config, units
 from spool.errors import EXIT_INVALID, ConfigError, InvalidInput
 
 #: Every folder of SPEC section 1.
@@ -188,13 +188,13 @@ def test_load_of_a_folder_is_a_config_error(tmp_path: Path):
     [("20GiB", 20 * 2**30), ("500 MB", 500_000_000), ("1.5KiB", 1536), ("7", 7), ("3b", 3), (12, 12)],
 )
 def test_sizes(text: str | int, size: int):
-    assert config.parse_size(text) == size
+    assert units.parse_size(text) == size
 
 
 @pytest.mark.parametrize("text", ["lots", "-1GB", "1 XB", "", "GB", -1])
 def test_bad_sizes(text: str | int):
     with pytest.raises(ValueError):
-        config.parse_size(text)
+        units.parse_size(text)
 
 
 # -- spool init (the real CLI) -----------------------------------------------------------------

@@ -35,7 +35,7 @@ from genhelp import (
 )
 from provsim import ProviderSim
 
-from spool import config, pools, settings
+from spool import config, kinds, settings
 from spool.errors import InvalidInput
 from spool.faults import OTHER_POINTS
 from spool.kinds import KINDS, GenerateJob, decode_job
@@ -80,7 +80,7 @@ def test_a_generate_submission_freezes_with_its_provider_pool(gtree: Tree):
     assert isinstance(job, GenerateJob)
     assert job.output.file == "gen-clip.mp4" and job.output.expect.video_streams == 1
     assert KINDS["generate"].pool(data) == "provider:sim"
-    assert pools.capacities(config.load(gtree.config_file))["provider:sim"] == 4
+    assert kinds.capacities(config.load(gtree.config_file))["provider:sim"] == 4
 
 
 @pytest.mark.parametrize(

@@ -7,9 +7,9 @@ from __future__ import annotations
 import imports  # tools/ is on sys.path (conftest)
 
 #: The figures on record; each may only go down.
-MAX_CIRCLES = 3
-MAX_LARGEST_CIRCLE = 25
-MAX_INSIDE_FUNCTIONS = 105
+MAX_CIRCLES = 1
+MAX_LARGEST_CIRCLE = 17
+MAX_INSIDE_FUNCTIONS = 102
 
 
 def test_the_import_graph_gets_no_worse() -> None:

@@ -117,13 +117,13 @@ def test_a_full_pool_does_not_block_another():
 
 
 def test_render_work_draws_from_the_render_pool_sized_by_max_active(cfg: Config):
-    assert pools.capacities(cfg) == {"render": cfg.limits.max_active}
+    assert kinds.capacities(cfg) == {"render": cfg.limits.max_active}
     for kind in KINDS.values():
         # a generation draws from its provider's allowance (test_generate.py); an adopt job
         # from a pool no daemon sizes, so only spool library adopt runs it (test_adopt.py)
         if kind.runner == "slot" and kind.name != "adopt":
             assert kind.pool(b"{}") == pools.RENDER
-    assert KINDS["adopt"].pool(b"{}") == "adopt" and "adopt" not in pools.capacities(cfg)
+    assert KINDS["adopt"].pool(b"{}") == "adopt" and "adopt" not in kinds.capacities(cfg)
     assert KINDS["generate"].pool(b'{"generate": {"provider": "sim"}}') == "provider:sim"
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from ..config import Config
 from ..errors import InvalidInput
 from ..model import JobBase
 from . import adopt, noop, render
@@ -40,11 +41,21 @@ __all__ = [
     "NoopJob",
     "Produced",
     "RenderJob",
+    "capacities",
     "decode_job",
     "named",
     "of",
     "owner_of_pool",
 ]
+
+
+def capacities(cfg: Config) -> dict[str, int]:
+    """Every pool this spool's config sizes, by name, as each kind declares them (the
+    render slots; one allowance per configured provider of the generate kind)."""
+    out = {RENDER_POOL: cfg.limits.max_active}
+    for kind in KINDS.values():
+        out.update(kind.pools(cfg))
+    return out
 
 
 def named(operation: str) -> Kind[Any]:

@@ -53,9 +53,9 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from ....config import Seconds, parse_size
 from ....decoding import convert
 from ....errors import ConfigError, InvalidInput
+from ....units import Seconds, parse_size
 
 #: A provider's name: the key of ``[providers.<name>]`` and a folder name under ``providers/``.
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
@@ -315,7 +315,7 @@ def pool_name(provider: str) -> str:
 
 
 def pool_capacities(configs: Iterable[ProviderConfig]) -> dict[str, int]:
-    """``{pool: in_flight}`` for :func:`spool.pools.capacities` to merge with the render pool."""
+    """``{pool: in_flight}`` for :func:`spool.kinds.registry.capacities` to merge with the render pool."""
     return {pool_name(c.name): c.in_flight for c in configs}
 
 
