@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from . import blocklist, intent, kinds, quarantine, retry
+from . import blocklist, cancel, kinds, quarantine, retry
 from .attempt import Attempt, drop_partial, open_attempt, write_failure
 from .context import Context
 from .errors import Deferred, Failed, Interrupted, LostOwnership
@@ -53,7 +53,7 @@ def execute(ctx: Context, job_id: str) -> str:
         return started
     job, attempt = started
     try:
-        intent.raise_if_cancelled(ctx.tree, job_id, attempt.n, ctx.worker)
+        cancel.raise_if_cancelled(ctx.tree, job_id, attempt.n, ctx.worker)
         finish(ctx, job, attempt, kinds.of(job).produce(ctx, job, attempt))
     except (Failed, Interrupted, Deferred, LostOwnership, OSError) as exc:
         return end_attempt(ctx, job, attempt, exc)
@@ -84,7 +84,7 @@ def finish(ctx: Context, job: JobBase, attempt: Attempt, made: Produced) -> None
     report = kind.check(ctx.cfg, job, made.path, attempt.dir / "validate.log")
     crashpoint("after_validation")
     # A validated output is not published once cancelled.
-    intent.raise_if_cancelled(ctx.tree, job.job_id, attempt.n, ctx.worker)
+    cancel.raise_if_cancelled(ctx.tree, job.job_id, attempt.n, ctx.worker)
     if not report.ok:
         raise validation_failure(report)
     publish(

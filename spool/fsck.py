@@ -46,29 +46,15 @@ import os
 import shutil
 import stat
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from . import index, kinds, liveness, quarantine, store
 from .accept import JOB_COPY
 from .model import Failure, Manifest, WorkerRecord
+from .problems import Problem
 from .publish import install_manifest
 from .status import Location, attempt_numbers, locate_all, read, running_workers
 from .tree import FLAT_STATES, Tree, copy_verified, fsync_dir, visible_names, write_atomic, writer_gone
-
-
-@dataclass
-class Problem:
-    invariant: int  # SPEC section 11 item
-    path: str  # relative to the spool root
-    problem: str
-    repair: str | None = None  # the repair done (or that would be done)
-    repaired: bool = False
-
-    @property
-    def open(self) -> bool:
-        return not self.repaired
-
 
 #: Crash leftovers younger than this may belong to a writer still at work.
 GRACE = 300.0

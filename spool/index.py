@@ -46,14 +46,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .faults import crashpoint
 from .model import JOB_ID_RE, Manifest, MediaInfo, Record, decode, encode, now
+from .problems import Problem
 from .tree import Tree, fsync_dir, make_dirs, visible_names, write_atomic
-
-if TYPE_CHECKING:
-    from .fsck import Problem
 
 #: Top-level folders of the library.
 INDEX = "index"
@@ -362,7 +359,6 @@ def _justified(tree: Tree, required_tags: list[str], tag: str, val: str, jid: st
 def fsck_problems(tree: Tree, *, repair: bool) -> list[Problem]:
     """The index's findings as ``spool fsck`` problems (the one call fsck makes)."""
     from .config import load
-    from .fsck import Problem
 
     try:
         tags = load(tree.config_file).acceptance.required_tags

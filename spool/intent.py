@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from .cancel import cancelled_failure
 from .config import Config
-from .errors import Failed, InvalidInput, NotFound, NotReady
+from .errors import InvalidInput, NotFound, NotReady
 from .events import Journal
-from .model import Approval, CancelRequest, Failure, Manifest, decode, encode, now
+from .model import Approval, CancelRequest, Manifest, decode, encode, now
 from .status import job_ids, load_job, locate, read
 from .tree import HOST, Tree, make_dirs, transfer, write_atomic
 
@@ -288,38 +289,3 @@ def clear_cancel(tree: Tree, job_id: str) -> None:
         os.unlink(tree.job_attempts(job_id) / "cancel.json")
     except FileNotFoundError:
         pass
-
-
-def cancel_requested(tree: Tree, job_id: str) -> CancelRequest | None:
-    """The cancel request for a job, if any (one stat when there is none)."""
-    path = tree.job_attempts(job_id) / "cancel.json"
-    if not path.exists():
-        return None
-    req: CancelRequest | None = read(path, CancelRequest)
-    return req
-
-
-def cancelled_failure(job_id: str, attempt: int, worker: str, why: str, state: str) -> Failure:
-    return Failure(
-        job_id=job_id,
-        attempt=attempt,
-        stage="cancel",
-        property="cancelled",
-        expected=f"the job to run ({state} when cancelled)",
-        actual="cancelled",
-        message=why,
-        next_action="Nothing, if the cancellation was meant; otherwise spool retry the job.",
-        worker=worker,
-        failed_at=now(),
-    )
-
-
-def raise_if_cancelled(tree: Tree, job_id: str, attempt: int, worker: str) -> None:
-    """An operator asked to cancel this job (``spool cancel``): end the attempt here,
-    as a located failure of stage ``cancel``."""
-    req = cancel_requested(tree, job_id)
-    if req is not None:
-        f = cancelled_failure(job_id, attempt, worker, req.reason, "running")
-        raise Failed(
-            "cancel", "cancelled", req.reason, expected=f.expected, actual=f.actual, next_action=f.next_action
-        )

@@ -48,6 +48,7 @@ from . import enrich, index, store, thumbs
 from . import visibility as vis
 from .config import Config
 from .errors import InvalidInput, NotFound, NotReady, SpoolError
+from .families import Family
 from .index import NAME_RE, split_job_id
 from .model import JOB_ID_RE, Manifest, MediaInfo
 from .records import read
@@ -618,8 +619,6 @@ def stats(tree: Tree) -> dict[str, Any]:
 def families(tree: Tree, worker: str) -> list[Any]:
     """Metrics gauges: index size, enrichment backlog, stored -> indexed delay."""
     from statistics import median
-
-    from .metrics import Family
 
     st = stats(tree)
     size = Family("spool_library_assets", "gauge", "Assets (names) with at least one indexed version.")

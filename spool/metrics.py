@@ -22,21 +22,19 @@ family, no timestamps (the textfile collector forbids them).
 
 from __future__ import annotations
 
-import math
-import re
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TypeVar, cast
 
 from . import overview
 from .config import Config
+from .families import Family, Histogram, exposition, parse
 from .model import Event, PoolUse, WorkerRecord
-from .printable import printable
 from .status import read, running_workers
 from .tree import Tree, list_folder, visible_names, write_atomic
 
@@ -48,50 +46,6 @@ RENDER_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.
 VALIDATE_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 #: File names of metrics files: ``spool-<worker>.prom``.
 PREFIX, SUFFIX = "spool-", ".prom"
-
-_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
-
-
-@dataclass
-class Sample:
-    name: str
-    labels: dict[str, str]
-    value: float
-
-
-@dataclass
-class Family:
-    name: str
-    type: str  # counter, gauge, histogram, untyped
-    help: str
-    samples: list[Sample] = field(default_factory=list)
-
-    def add(self, value: float, suffix: str = "", **labels: str) -> None:
-        self.samples.append(Sample(self.name + suffix, labels, value))
-
-
-class Histogram:
-    """A cumulative histogram with fixed buckets."""
-
-    def __init__(self, buckets: tuple[float, ...]) -> None:
-        self.buckets = buckets
-        self.counts = [0] * len(buckets)
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, value: float) -> None:
-        for i, bound in enumerate(self.buckets):
-            if value <= bound:
-                self.counts[i] += 1
-        self.sum += value
-        self.count += 1
-
-    def fill(self, fam: Family, **labels: str) -> None:
-        for bound, n in zip(self.buckets, self.counts, strict=True):
-            fam.add(n, "_bucket", **labels, le=_number(bound))
-        fam.add(self.count, "_bucket", **labels, le="+Inf")
-        fam.add(self.sum, "_sum", **labels)
-        fam.add(self.count, "_count", **labels)
 
 
 class WorkerCounters:
@@ -442,123 +396,6 @@ class QueueView:
             now,
             extra=tuple(index.RECENT_DELAYS),
         )
-
-
-#: The generation driver's counters: (family, help, key in its counts).
-GENERATION_COUNTERS = (
-    ("spool_generation_polls_total", "Status requests (polls) this worker sent.", "polls"),
-    ("spool_generation_creates_total", "Create requests (each may cost) this worker sent.", "creates"),
-    ("spool_generation_rate_limited_total", "HTTP 429 answers this worker got.", "rate_limited"),
-    ("spool_generation_retrieved_bytes_total", "Bytes of generated output downloaded and verified.", "bytes"),
-    ("spool_generation_checksum_failures_total", "Downloads whose sha-256 did not match.", "checksum"),
-    ("spool_generation_provider_errors_total", "Provider errors of any kind (429s included).", "errors"),
-)
-
-
-def generation_families(
-    worker: str, by_provider: dict[str, dict[str, int]], cas_conflicts: int
-) -> list[Family]:
-    """The generate kind's counters (:meth:`spool.kinds.generate.kind.Generate.metric_families`)."""
-    fams = []
-    for name, help_, key in GENERATION_COUNTERS:
-        fam = Family(name, "counter", help_)
-        for provider, counts in sorted(by_provider.items()):
-            fam.add(counts.get(key, 0), worker=worker, provider=provider)
-        fams.append(fam)
-    cas = Family(
-        "spool_generation_cas_conflicts_total",
-        "counter",
-        "Generation state transitions this worker lost to another contender (compare-and-set conflicts).",
-    )
-    cas.add(cas_conflicts, worker=worker)
-    return [*fams, cas]
-
-
-# -- the text format ------------------------------------------------------------------------
-
-
-def _number(v: float) -> str:
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    if math.isnan(v):
-        return "NaN"
-    if float(v).is_integer() and abs(v) < 1e15:
-        return str(int(v))
-    return repr(float(v))
-
-
-def _escape_label(v: str) -> str:
-    """A label value in the text format: control characters shown as escapes first
-    (:mod:`spool.printable`: no value can add a line, a series or a terminal escape),
-    then the format's own escapes of backslash and double quote."""
-    return printable(v).replace("\\", "\\\\").replace('"', '\\"')
-
-
-def _escape_help(v: str) -> str:
-    return v.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-def exposition(families: Iterable[Family]) -> str:
-    """Families in the Prometheus text format (version 0.0.4)."""
-    out: list[str] = []
-    for fam in families:
-        out.append(f"# HELP {fam.name} {_escape_help(fam.help)}")
-        out.append(f"# TYPE {fam.name} {fam.type}")
-        for s in fam.samples:
-            labels = ",".join(f'{k}="{_escape_label(v)}"' for k, v in s.labels.items())
-            out.append(
-                f"{s.name}{{{labels}}} {_number(s.value)}" if labels else f"{s.name} {_number(s.value)}"
-            )
-    return "\n".join(out) + "\n"
-
-
-def _unescape(text: str) -> str:
-    return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), text)
-
-
-_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)(?:\s+-?\d+)?\s*$")
-
-
-def parse(text: str) -> list[Family]:
-    """Read our own text format back (to merge files); lines it cannot read are skipped."""
-    fams: dict[str, Family] = {}
-    current: Family | None = None
-    for line in text.splitlines():
-        if line.startswith("# HELP ") or line.startswith("# TYPE "):
-            parts = line[7:].split(" ", 1)
-            name, rest = parts[0], (parts[1] if len(parts) > 1 else "")
-            if not _NAME.match(name):
-                continue
-            current = fams.setdefault(name, Family(name, "untyped", ""))
-            if line.startswith("# HELP "):
-                current.help = _unescape(rest)
-            else:
-                current.type = rest.strip()
-            continue
-        if not line.strip() or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if not m:
-            continue
-        name, raw_labels, raw_value = m.groups()
-        labels: dict[str, str] = {}
-        if raw_labels:
-            body, pos = raw_labels[1:-1], 0
-            while pos < len(body):
-                lm = _LABEL.match(body, pos)
-                if not lm:
-                    break
-                labels[lm.group(1)] = _unescape(lm.group(2))
-                pos = lm.end()
-        try:
-            value = float(raw_value)
-        except ValueError:
-            continue
-        if current is None or not name.startswith(current.name):
-            current = fams.setdefault(name, Family(name, "untyped", ""))
-        current.samples.append(Sample(name, labels, value))
-    return list(fams.values())
 
 
 # -- files --------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from spool import intent, kinds, quarantine
+from spool import cancel, kinds, quarantine
 from spool.attempt import Attempt
 from spool.context import Context
 from spool.errors import Deferred, Failed, Interrupted, LostOwnership
@@ -262,7 +262,7 @@ class Driver:
         kind = kinds.KINDS[kind_name]
         try:
             job = job or self._load(job_id)
-            intent.raise_if_cancelled(self.ctx.tree, job_id, n, self.ctx.worker)
+            cancel.raise_if_cancelled(self.ctx.tree, job_id, n, self.ctx.worker)
             nxt = kind.step(self.ctx, job, attempt)
         except Exception as exc:  # every ending is recorded; the driver itself goes on
             self._end(key, kind, job, attempt, exc)
@@ -378,11 +378,11 @@ class Driver:
             waiting = [(k, f) for k, f in self._flights.items() if f[3] and k not in self._stepping]
             moving = list(self._transfers.items())
         for key, (jid, _n, _kind, _seq) in waiting:
-            if intent.cancel_requested(self.ctx.tree, jid) is not None:
+            if cancel.cancel_requested(self.ctx.tree, jid) is not None:
                 self._schedule(key, 0.0)
         for key, abort in moving:
             jid = key.rsplit("/", 1)[0]
-            if intent.cancel_requested(self.ctx.tree, jid) is not None:
+            if cancel.cancel_requested(self.ctx.tree, jid) is not None:
                 abort.trip("spool cancel")
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from spool import kinds, metrics, overview, thumbs
+from spool.families import Family
 from spool.model import Event, Manifest
 from spool.status import read
 from spool.tree import make_dirs
@@ -159,7 +160,7 @@ class Metrics(Hook):
 
 @dataclass
 class _Snapshot:
-    families: list[metrics.Family]
+    families: list[Family]
     own: metrics.Own
 
 

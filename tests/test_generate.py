@@ -35,7 +35,7 @@ from genhelp import (
 )
 from provsim import ProviderSim
 
-from spool import config, kinds, settings
+from spool import config, families, kinds, settings
 from spool.errors import InvalidInput
 from spool.faults import OTHER_POINTS
 from spool.kinds import KINDS, GenerateJob, decode_job
@@ -333,11 +333,10 @@ def test_a_waiting_generation_holds_no_render_slot(gtree, sim, assets, daemons):
 
 def _gen_metrics(tree: Tree) -> dict[tuple[str, str], float]:
     """``(family, state or provider) -> value`` of the generation series in the daemon's metrics file."""
-    from spool import metrics
 
     out = {}
     for path in (tree.root / "metrics").glob("spool-*.prom"):
-        for fam in metrics.parse(path.read_text()):
+        for fam in families.parse(path.read_text()):
             for smp in fam.samples:
                 if smp.name.startswith("spool_generation_"):
                     out[(smp.name, smp.labels.get("state") or smp.labels.get("provider", ""))] = smp.value

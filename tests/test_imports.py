@@ -1,22 +1,19 @@
-"""The import graph (tools/imports.py) does not get worse: no new circle, no circle grows,
-and no new import hides inside a function. The figures are a ratchet: lower them as the
-circles are taken apart (issue 24), never raise them."""
+"""The import graph (tools/imports.py): no circles, so no arrow runs back up, and no new
+import hides inside a function. Most of the 98 left keep the lean CLI's start-up cheap or
+load a heavy part only where it is needed; not each is justified by a measurement yet, so
+the figure is a ratchet: lower it, never raise it."""
 
 from __future__ import annotations
 
 import imports  # tools/ is on sys.path (conftest)
 
-#: The figures on record; each may only go down.
-MAX_CIRCLES = 1
-MAX_LARGEST_CIRCLE = 17
-MAX_INSIDE_FUNCTIONS = 102
+#: On record; it may only go down.
+MAX_INSIDE_FUNCTIONS = 98
 
 
-def test_the_import_graph_gets_no_worse() -> None:
+def test_no_circles_and_no_new_imports_hidden_in_functions() -> None:
     r = imports.look()
-    sizes = [len(c) for c in r["circles"]]
-    assert len(sizes) <= MAX_CIRCLES, r["circles"]
-    assert max(sizes, default=0) <= MAX_LARGEST_CIRCLE, r["circles"]
+    assert r["circles"] == [] and r["back_up"] == []
     assert r["inside_functions"] <= MAX_INSIDE_FUNCTIONS, r["inside_function_arrows"]
 
 

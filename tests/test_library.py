@@ -14,7 +14,7 @@ from conftest import SPOOL, minimal, run_cli, write_json
 from libhelp import allow_noop, noop_sub, publish, tags_for
 from test_nas import nas  # noqa: F401  (the two-mount fixture)
 
-from spool import accept, library, samples, store
+from spool import accept, families, library, samples, store
 
 
 def search(tree, *terms):
@@ -203,7 +203,7 @@ def test_status_index_and_metrics_show_the_library(tree):
     from spool import metrics
 
     fams = {f.name: f for f in metrics.queue_families(tree, "w1", time.time())}
-    text = metrics.exposition(fams.values())
+    text = families.exposition(fams.values())
     assert 'spool_library_assets{worker="w1"} 2' in text
     assert 'spool_library_index_delay_seconds{worker="w1",stat="max"}' in text
     assert 'spool_library_enrichment_backlog{worker="w1"} 2' in text

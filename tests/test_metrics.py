@@ -15,7 +15,7 @@ from collections import defaultdict
 import pytest
 from conftest import minimal, run_cli, write_json
 
-from spool import config, metrics, settings
+from spool import config, families, metrics, settings
 from spool.tree import HOST, Tree
 from spoold.daemon import Daemon
 from spoold.observers import Metrics
@@ -221,7 +221,7 @@ def test_queue_gauges_age_and_heartbeats(tree, assets):
         f = write_json(tree.worker_file(f"other-{name}"), rec)
         os.utime(f, (time.time() - age, time.time() - age))
     now = time.time()
-    series = strict_parse(metrics.exposition(metrics.queue_families(tree, "me", now)))
+    series = strict_parse(families.exposition(metrics.queue_families(tree, "me", now)))
     [far] = values(series, "spool_worker_heartbeat_age_seconds", peer="other-far")
     assert 99 <= far <= 102
     assert values(series, "spool_worker_heartbeat_age_seconds", peer="other-idle") == []  # stopped
@@ -232,14 +232,14 @@ def test_queue_gauges_age_and_heartbeats(tree, assets):
 
 
 def test_exposition_escapes_label_values_and_help():
-    fam = metrics.Family("spool_test_total", "counter", 'A "help" with \\ and\na newline.')
+    fam = families.Family("spool_test_total", "counter", 'A "help" with \\ and\na newline.')
     fam.add(1, worker='a"b\\c\nd\te\x1b[31mf\x85', check="ok")
-    fam2 = metrics.Family("spool_test_seconds", "histogram", "Times.")
-    h = metrics.Histogram((0.5, 1.0))
+    fam2 = families.Family("spool_test_seconds", "histogram", "Times.")
+    h = families.Histogram((0.5, 1.0))
     for v in (0.1, 0.7, 3.0):
         h.observe(v)
     h.fill(fam2, worker="w")
-    text = metrics.exposition([fam, fam2])
+    text = families.exposition([fam, fam2])
     series = strict_parse(text)
     # control characters are shown as escapes (spool.printable): no value adds a line or a field,
     # or reaches a terminal as an escape sequence; quote and backslash keep the format's escapes
@@ -250,7 +250,7 @@ def test_exposition_escapes_label_values_and_help():
     assert values(series, "spool_test_seconds_bucket", le="+Inf") == [3]
     assert values(series, "spool_test_seconds_sum") == [pytest.approx(3.8)]
     # and spool's own reader (used to merge files) reads it back unchanged
-    assert metrics.exposition(metrics.parse(text)) == text
+    assert families.exposition(families.parse(text)) == text
 
 
 @pytest.mark.parametrize(
@@ -396,7 +396,7 @@ def test_a_daemon_counts_its_own_generations_from_memory_and_others_from_files(t
     monkeypatch.setattr(overview, "latest_attempt", lambda t, j: looked.append(j) or real(t, j))
     view = metrics.QueueView(tree)
     series = strict_parse(
-        metrics.exposition(view.families(metrics.Own("probe", (0, None), 0.0), time.time()))
+        families.exposition(view.families(metrics.Own("probe", (0, None), 0.0), time.time()))
     )
     assert values(series, "spool_generation_attempts", state="generating") == [5]
     assert values(series, "spool_generation_attempts", state="retrieving") == [1]

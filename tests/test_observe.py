@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import SPOOL, minimal, run_cli, wait_for, write_json
 
-from spool import samples, settings, status
+from spool import families, samples, settings, status
 from spool.events import Journal
 from spool.tree import HOST, Tree
 
@@ -313,7 +313,7 @@ def test_status_the_page_and_the_metrics_count_the_same_folders_the_same(tree: T
     by_page = overview.scan_queue(tree, time.time()).counts
     view = metrics.QueueView(tree)
     fams = view.families(metrics.Own(worker="w1", pending=(0, None), beat_age=0.0), time.time())
-    text = metrics.exposition(fams)
+    text = families.exposition(fams)
     for state, n in want.items():
         assert by_status[state] == n == by_page[state], (state, by_status, by_page)
         assert f'spool_jobs{{worker="w1",state="{state}"}} {n}\n' in text, (state, text[:2000])

@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from .. import eventlog, overview, status
+from .. import eventlog, families, overview, status
 from ..errors import InvalidInput, NotFound, NotReady, SpoolError
 from . import fast, views
 from .common import (
@@ -265,7 +265,7 @@ def metrics_cmd(
             f"spool: no metrics in {folder} yet; every running spoold writes its own file there", err=True
         )
         return
-    sys.stdout.write(metrics.exposition(fams))
+    sys.stdout.write(families.exposition(fams))
 
 
 @app.command()

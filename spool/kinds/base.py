@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from ..attempt import Attempt
     from ..config import Config
     from ..context import Context
-    from ..metrics import Family
+    from ..families import Family
     from ..tree import Tree
 
 J = TypeVar("J", bound=JobBase)

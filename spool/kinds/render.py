@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from .. import ffcommand, health, intent, layers, recipe, render, store
+from .. import cancel, ffcommand, health, layers, recipe, render, store
 from .. import sources as sources_
 from ..attempt import drop_partial
 from ..decoding import convert
@@ -237,7 +237,7 @@ def _run_ffmpeg(ctx: Context, job: RenderJob, attempt: Attempt) -> render.Render
             ctx.cfg.limits,
             stop=ctx.stop,
             on_progress=on_progress,
-            cancelled=lambda: intent.cancel_requested(ctx.tree, job.job_id) is not None,
+            cancelled=lambda: cancel.cancel_requested(ctx.tree, job.job_id) is not None,
         )
     except FileNotFoundError as exc:
         if exc.filename != cmd.argv[0]:
@@ -259,7 +259,7 @@ def _classify(ctx: Context, job: RenderJob, attempt: Attempt, out: render.Render
     if out.stopped == "interrupted":
         raise Interrupted()
     if out.stopped == "cancelled":
-        intent.raise_if_cancelled(ctx.tree, job.job_id, attempt.n, ctx.worker)
+        cancel.raise_if_cancelled(ctx.tree, job.job_id, attempt.n, ctx.worker)
     if out.stopped == "timeout":
         raise Failed(
             "render",

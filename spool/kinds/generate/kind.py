@@ -20,6 +20,7 @@ import msgspec
 
 from ...decoding import convert
 from ...errors import InvalidInput
+from ...families import Family
 from ...faults import crashpoint
 from ...model import AttemptRecord, Output, ValidationReport
 from ...records import read
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
     from ...attempt import Attempt
     from ...config import Config
     from ...context import Context
-    from ...metrics import Family
     from ...tree import Tree
 
 POOL_PREFIX = pool_name("")
@@ -138,8 +138,6 @@ class Generate(Kind[GenerateJob]):
     def metric_families(self, worker: str) -> list[Family]:
         """Per provider: polls, creates, 429s, bytes, checksum failures and errors this process
         saw; and the compare-and-set conflicts of the attempts' states."""
-        from ... import metrics  # the observe layer; only a daemon writing its metrics asks
-
         counts = {}
         for name, c in self.run.counters().items():
             errors = {k.removeprefix("error."): n for k, n in c.items() if k.startswith("error.")}
@@ -151,7 +149,7 @@ class Generate(Kind[GenerateJob]):
                 "checksum": errors.get("checksum", 0),
                 "errors": sum(errors.values()),
             }
-        return metrics.generation_families(worker, counts, states.conflicts())
+        return generation_families(worker, counts, states.conflicts())
 
     def stages(
         self, ctx: Context, job: GenerateJob, attempt: Attempt, candidate: Path
@@ -212,3 +210,33 @@ class Generate(Kind[GenerateJob]):
 
 
 KIND = Generate()
+
+
+#: The generation driver's counters: (family, help, key in its counts).
+COUNTERS = (
+    ("spool_generation_polls_total", "Status requests (polls) this worker sent.", "polls"),
+    ("spool_generation_creates_total", "Create requests (each may cost) this worker sent.", "creates"),
+    ("spool_generation_rate_limited_total", "HTTP 429 answers this worker got.", "rate_limited"),
+    ("spool_generation_retrieved_bytes_total", "Bytes of generated output downloaded and verified.", "bytes"),
+    ("spool_generation_checksum_failures_total", "Downloads whose sha-256 did not match.", "checksum"),
+    ("spool_generation_provider_errors_total", "Provider errors of any kind (429s included).", "errors"),
+)
+
+
+def generation_families(
+    worker: str, by_provider: dict[str, dict[str, int]], cas_conflicts: int
+) -> list[Family]:
+    """The generate kind's counters, per provider, and its compare-and-set conflicts."""
+    fams = []
+    for name, help_, key in COUNTERS:
+        fam = Family(name, "counter", help_)
+        for provider, counts in sorted(by_provider.items()):
+            fam.add(counts.get(key, 0), worker=worker, provider=provider)
+        fams.append(fam)
+    cas = Family(
+        "spool_generation_cas_conflicts_total",
+        "counter",
+        "Generation state transitions this worker lost to another contender (compare-and-set conflicts).",
+    )
+    cas.add(cas_conflicts, worker=worker)
+    return [*fams, cas]

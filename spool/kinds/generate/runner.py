@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from ... import cancel
 from ...errors import ConfigError, Deferred, Failed, Interrupted
 from ...faults import crashpoint
 from ...model import JobBase, now
@@ -729,9 +730,7 @@ class Runner:
 
     def _aborted(self, ctx: Context, job: GenerateJob, attempt: Attempt, abort: Abort) -> None:
         """A download stopped from outside: the cancel it was for, or the daemon stopping."""
-        from ... import intent
-
-        intent.raise_if_cancelled(ctx.tree, job.job_id, attempt.n, ctx.worker)
+        cancel.raise_if_cancelled(ctx.tree, job.job_id, attempt.n, ctx.worker)
         raise Interrupted()
 
     def _refresh(self, client: Provider, gen: Path, view: View, eff: workflow.Refresh) -> workflow.Evidence:
