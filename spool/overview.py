@@ -261,6 +261,7 @@ def scan_queue(
             if pending.count > len(first):
                 source = "sample" if stated else "unknown"
     held = _scan(tree.held, stat=False)
+    waiting = _scan(tree.waiting, stat=False)
     complete = _scan(tree.complete, stat=False)
     failed = _scan(tree.failed, stat=True, keep=keep)
     rejected = _scan(tree.rejected, stat=False, skip=".error.json")
@@ -283,6 +284,7 @@ def scan_queue(
             continue
     counts = {
         "incoming": incoming.count,
+        "waiting": waiting.count,
         "pending": pending.count,
         "held": held.count,
         "running": len(running),

@@ -20,9 +20,11 @@ from .model import Expect, Source
 from .store import sha256_file
 
 
-def resolve(role: str, text: str, roots: list[Path]) -> Path:
+def resolve(role: str, text: object, roots: list[Path]) -> Path:
     """A source path -> its real path inside an asset root, or a rejection."""
     field = f"sources.{role}"
+    if not isinstance(text, str):  # a source that names another job (spool.depends)
+        raise InvalidInput(field, "names another job, which this kind cannot take as a source")
     if "\x00" in text:
         raise InvalidInput(field, "contains a NUL character")
     if not roots:

@@ -108,7 +108,17 @@ def counts(tree: Tree) -> dict[str, int]:
     out["rejected"] = count(tree.rejected, skip_suffix=".error.json")
     out["incoming"] = count(tree.incoming)
     out["quarantine"] = count(tree.quarantine)
-    keys = ("incoming", "pending", "held", "running", "complete", "failed", "rejected", "quarantine")
+    keys = (
+        "incoming",
+        "waiting",
+        "pending",
+        "held",
+        "running",
+        "complete",
+        "failed",
+        "rejected",
+        "quarantine",
+    )
     return {k: out[k] for k in keys}
 
 

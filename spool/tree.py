@@ -31,13 +31,15 @@ from typing import Any
 
 #: The queue states that are folders of job files (``held`` is pending, set aside
 #: by an operator; ``running`` holds one folder per worker).
-STATES = ("pending", "held", "running", "complete", "failed")
-#: The states whose job files sit directly in ``SPOOL/<state>/``.
-FLAT_STATES = ("pending", "held", "complete", "failed")
+STATES = ("waiting", "pending", "held", "running", "complete", "failed")
+#: The states whose job files sit directly in ``SPOOL/<state>/`` (``waiting``: a job whose
+#: sources come from other jobs not yet published, spool.depends).
+FLAT_STATES = ("waiting", "pending", "held", "complete", "failed")
 
 #: Every top-level folder of a spool, in the order ``spool init`` creates them.
 FOLDERS = (
     "incoming",
+    "waiting",
     "pending",
     "held",
     "running",
@@ -51,6 +53,8 @@ FOLDERS = (
     "events",
     "approvals",
     "quarantine",
+    "deps",
+    "variants",
 )
 
 #: Errors that mean "this name is not (or no longer) there" on some filesystem.
@@ -444,6 +448,18 @@ class Tree(Value):
     @property
     def attempts(self) -> Path:
         return self.root / "attempts"
+
+    @property
+    def waiting(self) -> Path:
+        return self.root / "waiting"
+
+    @property
+    def deps(self) -> Path:
+        return self.root / "deps"
+
+    @property
+    def variants(self) -> Path:
+        return self.root / "variants"
 
     @property
     def held(self) -> Path:

@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # records are laid out, never decoded here: `spool status` ne
 
 STATE_STYLE = {
     "incoming": "cyan",
+    "waiting": "magenta",
     "pending": "yellow",
     "running": "blue",
     "complete": "green",

@@ -82,13 +82,7 @@ class Render(Kind[RenderJob]):
         sources = {role: sources_.describe(role, path, cfg) for role, path in resolved.items()}
         recipe.check(rec, sources)
 
-        ext = recipe.extension(rec)
-        out_file = sub.output.file or f"{sub.name}{ext}"
-        if not out_file.endswith(ext):
-            raise InvalidInput(
-                "output.file",
-                f"must end with {ext} to match the {rec.encode.container} container",
-            )
+        out_file = _output_file(sub, rec)
         estimate = recipe.estimate_bytes(rec, sources)
         if estimate > cfg.limits.temp_disk_bytes:
             raise InvalidInput(
@@ -115,6 +109,39 @@ class Render(Kind[RenderJob]):
         job.recipe_hash = self.spec_hash(job)
         return job
 
+    def waiting(
+        self, tree: Tree, cfg: Config, sub: Submission, common: dict[str, Any], upstream: set[str]
+    ) -> RenderJob:
+        """A render whose input (or overlay, or music) is another job's output: the recipe's
+        roles and every other source are checked, probed and hashed now; what depends on the
+        upstream's media (the recipe's checks, expectations, the layer plan) when it publishes."""
+        rec = sub.recipe
+        if rec is None:
+            raise InvalidInput("recipe", "is required but missing")
+        recipe.check_roles(rec, set(sub.sources))
+        unused = sorted(set(sub.sources) - rec.roles())
+        if unused:
+            raise InvalidInput(f"sources.{unused[0]}", "is declared but no recipe step uses it; remove it")
+        roots = cfg.asset_roots(tree.root)
+        own = {
+            role: sources_.describe(role, sources_.resolve(role, text, roots), cfg)
+            for role, text in sub.sources.items()
+            if role not in upstream
+        }
+        out_file = _output_file(sub, rec)
+        return RenderJob(
+            **common,
+            recipe=rec,
+            recipe_hash="",
+            sources=[own[r] for r in sorted(own)],
+            output=Output(
+                file=out_file,
+                container=rec.encode.container,
+                expect=sub.output.expect,
+                stated=sub.output.expect,
+            ),
+        )
+
     def spec(self, job: RenderJob) -> object:
         """The recipe, and the layer plan frozen with it: both decide what is drawn,
         so an edit to either is caught at claim. A job without layers hashes its
@@ -137,6 +164,16 @@ class Render(Kind[RenderJob]):
 
 
 KIND = Render()
+
+
+def _output_file(sub: Submission, rec: recipe.Recipe) -> str:
+    ext = recipe.extension(rec)
+    out_file = sub.output.file or f"{sub.name}{ext}"
+    if not out_file.endswith(ext):
+        raise InvalidInput(
+            "output.file", f"must end with {ext} to match the {rec.encode.container} container"
+        )
+    return out_file
 
 
 #: What identifies one version of a source file: inode, size, mtime and ctime.

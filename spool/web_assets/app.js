@@ -11,7 +11,7 @@
 "use strict";
 
 (() => {
-  const STATES = ["incoming", "pending", "held", "running", "complete", "failed", "rejected"];
+  const STATES = ["incoming", "waiting", "pending", "held", "running", "complete", "failed", "rejected"];
   const JOB_ID = /^[a-z0-9][a-z0-9._-]{0,95}@[1-9][0-9]{0,8}$/;
   const THUMB = /^thumbs\/[0-9a-f]{64}\.jpg$/;
   const MAX_DELAY = 60000;
