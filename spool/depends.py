@@ -139,8 +139,14 @@ def target(ref: str, snap: Snapshot) -> str | None:
 
 
 def _ref_folder(up: Upstream) -> str:
-    """The reverse index folder of an upstream: the pinned job, else the name."""
+    """What an upstream waits for (or was frozen to): its job, else the name's newest revision."""
     return up.job if up.job is not None else up.ref
+
+
+def _entry_folder(up: Upstream) -> str:
+    """The reverse index folder of an upstream: the ref as written (a name, or a pinned
+    revision), or for a library query the job it named at acceptance."""
+    return (up.job or "") if up.ref.startswith("asset:") else up.ref
 
 
 # -- acceptance -----------------------------------------------------------------------------
@@ -157,6 +163,22 @@ def plan(
     """The upstreams of a submission's job ``own``: each ref checked (a known job, a query
     naming one asset) and no cycle through ``own``. Raises :class:`InvalidInput`."""
     ups = []
+    snap.add(own, "accepting")  # a ref to its own name is a cycle, not an unknown name
+    try:
+        return _plan(tree, cfg, sources, own, snap, prefix, ups)
+    finally:
+        _forget(snap, own)
+
+
+def _plan(
+    tree: Tree,
+    cfg: Config,
+    sources: Mapping[str, object],
+    own: str,
+    snap: Snapshot,
+    prefix: str,
+    ups: list[Upstream],
+) -> list[Upstream]:
     for role, ref in sorted(refs(sources).items()):
         at = f"{prefix}sources.{role}"
         if (ref.job is None) == (ref.asset is None):
@@ -173,14 +195,10 @@ def plan(
             ups.append(
                 Upstream(role=role, ref=f"asset:{ref.asset}", job=_asset(tree, cfg, ref.asset, f"{at}.asset"))
             )
-    snap.add(own, "accepting")
-    try:
-        for up in ups:
-            path = _cycle(tree, snap, own, _ref_folder(up), [own])
-            if path is not None:
-                raise InvalidInput(f"{prefix}sources.{up.role}", f"makes a cycle: {' -> '.join(path)}")
-    finally:
-        _forget(snap, own)
+    for up in ups:
+        path = _cycle(tree, snap, own, _ref_folder(up), [own])
+        if path is not None:
+            raise InvalidInput(f"{prefix}sources.{up.role}", f"makes a cycle: {' -> '.join(path)}")
     return ups
 
 
@@ -262,7 +280,7 @@ def write_entries(tree: Tree, job: Job) -> None:
     """The reverse index entries of a dependent (durable before its job file is written;
     in an acceptance batch the folder fsyncs are the batch's)."""
     for up in job.upstreams:
-        folder = tree.deps / _ref_folder(up)
+        folder = tree.deps / _entry_folder(up)
         if not folder.is_dir():
             make_dirs(folder)
         entry = folder / job.job_id
@@ -443,11 +461,12 @@ class Settled:
 def affected(tree: Tree, names: Iterable[str]) -> set[str]:
     """Reverse index folders a change to jobs of ``names`` (job IDs or names) may concern."""
     out: set[str] = set()
-    for n in names:
-        name = n.rpartition("@")[0] if "@" in n else n
-        for ref in (name, n):
-            if (tree.deps / ref).is_dir():
-                out.add(ref)
+    wanted = {n.rpartition("@")[0] if "@" in n else n for n in names}
+    if not wanted:
+        return out
+    for ref in ref_folders(tree):  # a name's folder, and those of its pinned revisions (superseded)
+        if ref.partition("@")[0] in wanted:
+            out.add(ref)
     return out
 
 
@@ -665,7 +684,7 @@ def downstream_rows(tree: Tree, jid: str) -> list[dict[str, Any]]:
             if job is None:
                 continue
             for up in job.upstreams:
-                if _ref_folder(up) != ref:
+                if _entry_folder(up) != ref:
                     continue
                 frozen_to = up.job if up.sha256 is not None else None
                 waits_for = target(up.job or up.ref, snap) if up.sha256 is None else None
@@ -682,3 +701,93 @@ def iter_waiting(tree: Tree) -> Iterator[str]:
 
 def sweep_due(last: float, now_: float | None = None) -> bool:
     return (now_ if now_ is not None else time.monotonic()) - last >= SWEEP
+
+
+# -- fsck ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Finding:
+    """One break of SPEC 11.12 ``spool fsck`` found, and the repair done (or that would be)."""
+
+    path: str
+    problem: str
+    repair: str | None = None
+    repaired: bool = False
+
+
+def check(tree: Tree, cfg: Config, *, repair: bool) -> list[Finding]:
+    """Every dependent against invariant 12: a frozen one names its upstream's published
+    object in its source manifest, upstreams and (complete) manifest; none is left in a
+    queue state unfrozen; none waits on a published or failed upstream (repair: settle it);
+    a waiting or held one is in the reverse index (repair: write the entry)."""
+    out: list[Finding] = []
+    seen: set[str] = set()
+    for ref in ref_folders(tree):
+        seen |= set(dependents(tree, ref))
+    seen |= _listing(tree.waiting)
+    snap = Snapshot(tree)
+    stuck: list[str] = []
+    for jid in sorted(seen):
+        state = snap.state(jid)
+        job = _load(tree, jid, state)
+        if job is None or not job.upstreams:
+            continue
+        where = f"{state}/{jid}.json" if state != "running" else f"running/{jid}.json"
+        if state in ("waiting", "held"):
+            for up in job.upstreams:
+                if up.sha256 is None and not (tree.deps / _entry_folder(up) / jid).exists():
+                    f = Finding(
+                        where, f"is not in the reverse index deps/{_entry_folder(up)}/", "write the entry"
+                    )
+                    if repair:
+                        write_entries(tree, job)
+                        f.repaired = True
+                    out.append(f)
+            if state == "waiting" and (job.resolved or judge(tree, job, snap).action != "wait"):
+                stuck.append(jid)
+            continue
+        if not job.resolved:
+            out.append(
+                Finding(where, "is in a queue state but its sources from other jobs were never frozen")
+            )
+            continue
+        out += [Finding(where, why) for why in _pins_broken(tree, job, state)]
+    if stuck:
+        late = [
+            Finding(f"waiting/{j}.json", "waits although its upstreams published or failed", "settle it")
+            for j in stuck
+        ]
+        if repair:
+            from .events import Journal, cli_writer
+
+            done = settle(tree, cfg, Journal(tree, cli_writer()), jobs=stuck, by="fsck")
+            for x in late:
+                jid = x.path[len("waiting/") : -len(".json")]
+                x.repaired = jid in done.pending or jid in done.held
+        out += late
+    return out
+
+
+def _pins_broken(tree: Tree, job: Job, state: str | None) -> list[str]:
+    """Why a frozen dependent does not render (or did not render) its upstreams' exact bytes."""
+    out = []
+    src = {s.role: s.sha256 for s in job.sources}
+    for up in job.upstreams:
+        m = read(tree.manifest_file(up.job or ""), Manifest)
+        if m is None or m.output.sha256 != up.sha256:
+            out.append(
+                f"source {up.role} is pinned to {up.job} sha256 {str(up.sha256)[:16]}..., "
+                "not what that job published"
+            )
+        if src.get(up.role) != up.sha256:
+            out.append(f"source {up.role}'s sha256 in the source manifest is not its upstream's {up.job}")
+    if state == "complete":
+        mine = read(tree.manifest_file(job.job_id), Manifest)
+        used = {s.role: s.sha256 for s in mine.sources} if mine is not None else {}
+        for up in job.upstreams:
+            if mine is not None and used.get(up.role) != up.sha256:
+                out.append(
+                    f"was published from {up.role} sha256 {str(used.get(up.role))[:16]}..., not {up.job}'s"
+                )
+    return out

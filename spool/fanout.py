@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import re
 from datetime import datetime
 from typing import Annotated, Any
@@ -65,17 +66,29 @@ class Brief(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     jobs: Annotated[list[dict[str, Any]], msgspec.Meta(min_length=1, max_length=64)]
 
 
+class AxisValues(Record, kw_only=True):
+    axis: str
+    values: list[str]
+
+
+class VariantJob(Record, kw_only=True):
+    job: str
+    values: dict[str, str]
+
+
 class FanOut(Record, kw_only=True):
-    """``variants/<parent>.json``: a fan-out's parent, written once at acceptance."""
+    """``variants/<parent>.json``: a fan-out's parent, written once at acceptance. Lists,
+    not objects, keep the matrix's order (records are written with sorted keys)."""
 
     parent: str
     name: str
     revision: int
-    axes: dict[str, list[str]]
-    #: Job ID -> its values, in the order of the matrix.
-    jobs: dict[str, dict[str, str]]
-    #: The submission as written (with ``variants``): ``spool revise`` of the parent starts from it.
-    request: dict[str, Any]
+    axes: list[AxisValues]
+    #: Each variant's job ID and values, in the order of the matrix.
+    jobs: list[VariantJob]
+    #: The submission as written (with ``variants``), as JSON text (its matrix's order kept):
+    #: ``spool revise`` of the parent starts from it.
+    request: str
     submission_sha256: str
     submitted_at: datetime
 
@@ -151,9 +164,12 @@ def _one(raw: dict[str, Any], prefix: str) -> tuple[list[Entry], list[FanOut]]:
         parent=parent,
         name=name,
         revision=rev if isinstance(rev, int) else 1,
-        axes=axes,
-        jobs={job_id(e.raw["name"], rev if isinstance(rev, int) else 1): e.variant for e in out},
-        request=raw,
+        axes=[AxisValues(axis=a, values=v) for a, v in axes.items()],
+        jobs=[
+            VariantJob(job=job_id(e.raw["name"], rev if isinstance(rev, int) else 1), values=e.variant)
+            for e in out
+        ],
+        request=json.dumps(raw, ensure_ascii=False),
         submission_sha256="",
         submitted_at=datetime.now().astimezone(),
     )
@@ -179,7 +195,3 @@ def _override_steps(sub: dict[str, Any], steps: dict[str, dict[str, Any]], at: s
             raise InvalidInput(f"{at}.steps.{key}.op", "an override cannot change a step's op")
         for i in idx:
             listed[i] = {**listed[i], **fields}
-
-
-def parent_of(fans: list[FanOut], jid: str) -> str | None:
-    return next((f.parent for f in fans if jid in f.jobs), None)

@@ -118,6 +118,7 @@ def test_api_status_has_what_the_page_shows(server):
     d = server.json("/api/status")
     assert d["counts"] == {
         "incoming": 0,
+        "waiting": 0,
         "pending": 1,
         "held": 0,
         "running": 0,
