@@ -162,7 +162,7 @@ def plan(
 ) -> list[Upstream]:
     """The upstreams of a submission's job ``own``: each ref checked (a known job, a query
     naming one asset) and no cycle through ``own``. Raises :class:`InvalidInput`."""
-    ups = []
+    ups: list[Upstream] = []
     snap.add(own, "accepting")  # a ref to its own name is a cycle, not an unknown name
     try:
         return _plan(tree, cfg, sources, own, snap, prefix, ups)
