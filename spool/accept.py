@@ -171,11 +171,11 @@ def build_job(
         submitted_at=now(),
         submitted_by=sub.submitted_by or submitted_by,
     )
-    refs = depends.refs(sub.sources)
+    refs = kind.upstream_refs(tree, cfg, sub)
     if not refs:
         return kind.freeze(tree, cfg, sub, common)
     snap = snap if snap is not None else depends.Snapshot(tree)
-    ups = depends.plan(tree, cfg, sub.sources, jid, snap, prefix)
+    ups = depends.plan(tree, cfg, refs, jid, snap, prefix)
     job = kind.waiting(tree, cfg, sub, common, set(refs))
     request = raw if raw is not None else msgspec.to_builtins(sub)
     job = msgspec.structs.replace(job, upstreams=ups, request=request)

@@ -200,6 +200,12 @@ class Kind(abc.ABC, Generic[J]):
         role = sorted(upstream)[0]
         raise InvalidInput(f"sources.{role}", f"a {self.name} job cannot take a source from another job")
 
+    def upstream_refs(self, tree: Tree, cfg: Config, sub: Submission) -> dict[str, Any]:
+        """The sources of a submission that name other jobs, by role (``spool.depends.SourceRef``)."""
+        from ..depends import refs
+
+        return dict(refs(sub.sources))
+
     def resolve(self, tree: Tree, cfg: Config, waiting: J, sub: Submission, common: dict[str, Any]) -> J:
         """Freeze a waiting job once its upstreams published: ``sub`` is its submission with
         each upstream source the upstream's store object. By default, :meth:`freeze` again."""
