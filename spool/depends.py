@@ -514,7 +514,11 @@ def settle(
                 continue  # they still wait, and nothing in held/ could go back
             candidates += [e for e in entries if e in waiting or e in held]
     moves: list[tuple[str, str, str, str]] = []  # (job, from, to, reason)
-    with groupcommit.together():
+    from . import sources
+
+    # one probe and hash per file per batch: the upstream's object and the shared logo, music
+    # of its dependents (a file changed in between has another key: its times, size or inode)
+    with groupcommit.together(), sources.memoized():
         for jid in dict.fromkeys(candidates):
             try:
                 _settle_one(tree, cfg, jid, snap, jid in waiting, jid in held, moves, by)
