@@ -116,7 +116,7 @@ def parse(role: str, path: Path) -> tuple[Timeline, dict[str, str]]:
     track = video[0]
     rate = _rate(tl, track)
     items: list[Item] = []
-    dissolves: list[Dissolve] = msgspec.field(default_factory=list)
+    dissolves: list[Dissolve] = []
     media: dict[str, str] = {}
     roles: dict[str, str] = {}
     at = 0
