@@ -63,7 +63,7 @@ from .faults import crashpoint
 from .model import JOB_ID_RE, Failure, HoldRecord, Manifest, Upstream, encode, now
 from .records import read
 from .status import running_workers
-from .tree import Tree, fsync_dir, make_dirs, transfer, write_atomic
+from .tree import Tree, fsync_dir, make_dirs, temp_name, transfer, write_atomic
 
 if TYPE_CHECKING:
     from .config import Config
@@ -519,11 +519,16 @@ def settle(
     # one probe and hash per file per batch: the upstream's object and the shared logo, music
     # of its dependents (a file changed in between has another key: its times, size or inode)
     with groupcommit.together(), sources.memoized():
+        frozen: list[Job] = []
         for jid in dict.fromkeys(candidates):
             try:
-                _settle_one(tree, cfg, jid, snap, jid in waiting, jid in held, moves, by)
+                got = _settle_one(tree, cfg, jid, snap, jid in waiting, jid in held, moves, by)
             except OSError as exc:
                 log.warning("%s: could not settle its dependencies now (%s)", jid, exc)
+            else:
+                if got is not None:
+                    frozen.append(got)
+        _commit_frozen(tree, frozen, snap, moves)
     for jid, src, dst, why in moves:
         journal.record(jid, dst, from_=src, reason=why)
         getattr(done, dst).append(jid)
@@ -546,38 +551,85 @@ def _settle_one(
     in_held: bool,
     moves: list[tuple[str, str, str, str]],
     by: str | None,
-) -> None:
+) -> Job | None:
+    """Moves ``jid`` if it must be held or sent back to waiting; returns it frozen if it is
+    ready (:func:`_commit_frozen` writes it with the batch's others)."""
     if in_held:
         if not _back_to_waiting(tree, jid, snap, moves):
-            return
+            return None
         in_waiting = True
     if not in_waiting:
-        return
+        return None
     job = _load(tree, jid, "waiting")
     if job is None:
-        return  # moved on (another daemon), or damaged: fsck quarantines it
+        return None  # moved on (another daemon), or damaged: fsck quarantines it
     if job.resolved and job.upstreams:  # frozen before a crash: only the move is left
         _to_pending(tree, job, moves, "frozen before a crash")
         snap.add(jid, "pending")
-        return
+        return None
     v = judge(tree, job, snap)
     if v.action == "wait":
-        return
+        return None
     if v.action == "ready":
         try:
-            frozen = freeze(tree, cfg, job, v.targets)
+            return freeze(tree, cfg, job, v.targets)  # written and moved with the batch's others
         except Unusable as exc:
             up = next(iter(v.targets.values()), None)
             v = Verdict("hold", str(exc), up, "unusable")
-        else:
-            write_atomic(tree.job_file("waiting", jid), encode(frozen))
-            crashpoint("after_resolve_write")
-            pins = ", ".join(f"{u.job} sha256:{(u.sha256 or '')[:16]}" for u in frozen.upstreams)
-            _to_pending(tree, frozen, moves, f"upstream published: {pins}")
-            snap.add(jid, "pending")
-            return
     _hold(tree, job, v, moves, by)
     snap.add(jid, "held")
+    return None
+
+
+def _commit_frozen(
+    tree: Tree, frozen: list[Job], snap: Snapshot, moves: list[tuple[str, str, str, str]]
+) -> None:
+    """Each frozen dependent of a batch over its waiting file, then to ``pending/``.
+
+    Every file's bytes are durable before its name is (as :func:`write_atomic` does), but
+    all are written before any is fsynced: on a journaling filesystem the first fsync's
+    commit carries the others' data, so a batch of 100 costs about one fsync, not 100."""
+    staged: list[tuple[Job, Path]] = []
+    for job in frozen:
+        path = tree.job_file("waiting", job.job_id)
+        tmp = path.parent / temp_name(path.name)
+        try:
+            with open(tmp, "xb") as f:
+                f.write(encode(job))
+        except OSError as exc:
+            _drop(tmp)
+            log.warning("%s: could not write it frozen now (%s)", job.job_id, exc)
+            continue
+        staged.append((job, tmp))
+    for job, tmp in staged:
+        path = tree.job_file("waiting", job.job_id)
+        try:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+            fsync_dir(path.parent)
+        except OSError as exc:
+            _drop(tmp)
+            log.warning("%s: could not write it frozen now (%s)", job.job_id, exc)
+            continue
+        crashpoint("after_resolve_write")
+        pins = ", ".join(f"{u.job} sha256:{(u.sha256 or '')[:16]}" for u in job.upstreams)
+        try:
+            _to_pending(tree, job, moves, f"upstream published: {pins}")
+        except OSError as exc:  # frozen in waiting/: the next settle moves it as it is
+            log.warning("%s: could not move it to pending/ now (%s)", job.job_id, exc)
+            continue
+        snap.add(job.job_id, "pending")
+
+
+def _drop(tmp: Path) -> None:
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
 
 
 def _to_pending(tree: Tree, job: Job, moves: list[tuple[str, str, str, str]], why: str) -> None:
