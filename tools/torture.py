@@ -780,7 +780,8 @@ def _maybe_point(rng: random.Random, args: argparse.Namespace) -> str | None:
     written but the file not yet moved; a block written but the job not yet moved on)."""
     if rng.random() >= args.crash_point_rate:
         return None
-    if args.depends and rng.random() < 0.3:  # settling dependents: frozen, or hold record written
+    # settling dependents: frozen, or hold record written (tools/powerloss has no --depends)
+    if getattr(args, "depends", 0) and rng.random() < 0.3:
         return rng.choice(DEPENDS_POINTS)
     return rng.choice(OTHER_POINTS) if rng.random() < 0.2 else rng.choice(POINTS)
 
