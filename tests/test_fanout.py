@@ -152,3 +152,40 @@ def test_a_brief_makes_a_master_and_the_variants_that_wait_for_it(tree, cfg, ass
     with pytest.raises(InvalidInput) as err:
         accept.accept_all(tree, cfg, json.dumps(bad).encode(), "t")
     assert "late" in str(err.value)  # an entry may name an earlier one only
+
+
+def test_the_demos_brief_makes_the_whole_campaign(tree, assets, daemons):
+    """tools/demo's brief, through the real CLI and daemon: a master from the provider
+    simulator, then 3 aspects x 2 locales frozen to its bytes, every label and logo inside
+    its frame's safe area, all published and found by their tags."""
+    import importlib
+
+    from genhelp import ENV_NAME, TOKEN, configure
+    from provsim import ProviderSim
+
+    from spool import samples
+
+    demo = importlib.import_module("demo")  # tools/demo.py (tools/ is on sys.path: conftest)
+
+    media = samples.demo_assets(assets / "demo")
+    with ProviderSim(token=TOKEN, work=0.3) as sim:
+        configure(tree, sim)
+        brief = write_json(tree.root.parent / "morning-mug.json", demo.brief(media))
+        made = run_cli("submit", str(brief), spool=tree, check=True).stdout.split()
+        assert len(made) == 7 and made[0] == "mug-gen@1"
+        counts = json.loads(run_cli("status", "--json", spool=tree, check=True).stdout)["counts"]
+        assert counts["waiting"] == 6 and counts["pending"] == 1
+        d = daemons(tree, drain=True, env={ENV_NAME: TOKEN})
+        assert d.wait() == 0, d.output()
+    master = json.loads(tree.manifest_file("mug-gen@1").read_text())["output"]["sha256"]
+    for jid in made[1:]:
+        job = json.loads(tree.job_file("complete", jid).read_text())
+        assert [(u["job"], u["sha256"]) for u in job["upstreams"]] == [("mug-gen@1", master)]
+        m = json.loads(tree.manifest_file(jid).read_text())
+        assert m["validation"]["ok"] and len(m["validation"]["layers"]) == 2
+        for layer in m["validation"]["layers"]:
+            (x, y, w, h), (sx, sy, sw, sh) = layer["box"], layer["safe"]
+            assert sx <= x and sy <= y and x + w <= sx + sw and y + h <= sy + sh, (jid, layer)
+    found = run_cli("search", "campaign=morning-mug", "aspect=9x16", "locale=de-DE", "--json", spool=tree)
+    assert [r["job"] for r in json.loads(found.stdout)["results"]] == ["mug-ad.9x16.de-de@1"]
+    assert invariants.check(tree.root) == []
