@@ -165,7 +165,7 @@ def main() -> int:
     os.environ.update(env)
     sh(str(BIN / "spool"), "init", str(spool), "--asset-root", str(DEMO / "assets"))
 
-    sim = ProviderSim(token=SIM_TOKEN, work=2.0).start()
+    sim = ProviderSim(token=SIM_TOKEN, work=1.0).start()
     print(f"provider simulator (Replicate API) on {sim.url}", flush=True)
     with open(spool / "spool.toml", "a") as f:
         f.write(provider_table(sim.url))
