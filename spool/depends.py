@@ -63,7 +63,7 @@ from .faults import crashpoint
 from .model import JOB_ID_RE, Failure, HoldRecord, Manifest, Upstream, encode, now
 from .records import read
 from .status import running_workers
-from .tree import Tree, fsync_dir, make_dirs, temp_name, transfer, write_atomic
+from .tree import Tree, fsync_dir, make_dirs, replace_existing, temp_name, transfer, write_atomic
 
 if TYPE_CHECKING:
     from .config import Config
@@ -588,7 +588,11 @@ def _commit_frozen(
 
     Every file's bytes are durable before its name is (as :func:`write_atomic` does), but
     all are written before any is fsynced: on a journaling filesystem the first fsync's
-    commit carries the others' data, so a batch of 100 costs about one fsync, not 100."""
+    commit carries the others' data, so a batch of 100 costs about one fsync, not 100.
+    A frozen file takes the waiting one's place only if it is still there
+    (:func:`spool.tree.replace_existing`): another daemon settling the same job may have
+    moved it on (and a worker claimed it) since it was read, and bringing it back under
+    ``waiting/`` would put the job in two states and render it twice."""
     staged: list[tuple[Job, Path]] = []
     for job in frozen:
         path = tree.job_file("waiting", job.job_id)
@@ -609,7 +613,9 @@ def _commit_frozen(
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            os.replace(tmp, path)
+            if not replace_existing(tmp, path):  # another settler moved it on meanwhile
+                _drop(tmp)
+                continue
             fsync_dir(path.parent)
         except OSError as exc:
             _drop(tmp)

@@ -319,3 +319,51 @@ def test_the_daemon_sweep_settles_what_another_process_published(tree, cfg, asse
     wait_for(lambda: state(tree, jid) == "complete", timeout=60)  # its sweep saw the publish
     d.signal(15)
     assert d.wait() == 0
+
+
+def test_a_dependent_another_daemon_moved_on_meanwhile_is_not_brought_back(
+    tree, cfg, assets, journal, monkeypatch
+):
+    """Two daemons settle the same dependent: while this one freezes it, the other moves it
+    to pending/ and a worker claims it. Writing the frozen file back under waiting/ (and
+    moving it to pending/ again) would put the job in two states and render it twice."""
+    accept_sub(tree, cfg, upstream(assets))
+    accept_sub(tree, cfg, dependent("cut", {"job": "master"}))
+    assert state(tree, "cut@1") == "waiting" and run(tree, cfg, "master@1") == "complete"
+    from spool import tree as tree_mod
+
+    real = depends.freeze
+
+    def raced(*args: Any, **kw: Any) -> Any:
+        frozen = real(*args, **kw)
+        from spool.model import encode
+        from spool.tree import write_atomic
+
+        write_atomic(tree.job_file("waiting", "cut@1"), encode(frozen))  # the other daemon's settle
+        assert tree_mod.transfer(tree.job_file("waiting", "cut@1"), tree.job_file("pending", "cut@1"))
+        assert claim.claim(tree, "w2", "cut@1")
+        return frozen
+
+    monkeypatch.setattr(depends, "freeze", raced)
+    done = settle(tree, cfg, journal, "master@1")
+    assert done.pending == []
+    assert state(tree, "cut@1") == "running"
+    assert not tree.job_file("waiting", "cut@1").exists() and not tree.job_file("pending", "cut@1").exists()
+    assert [p.name for p in tree.waiting.iterdir()] == []  # no temp file left either
+    assert invariants.check(tree.root, settled=False) == []
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2-exchange", "fallback"])
+def test_replace_existing_never_brings_back_a_name_that_is_gone(tmp_path, monkeypatch, exchange):
+    from spool import tree as tree_mod
+
+    if not exchange:
+        monkeypatch.setattr(tree_mod, "_renameat2", False)  # a filesystem without exchanges
+    new, old = tmp_path / ".new.tmp", tmp_path / "job.json"
+    new.write_text("frozen")
+    assert tree_mod.replace_existing(new, old) is False
+    assert not old.exists() and new.read_text() == "frozen"
+    old.write_text("waiting")
+    assert tree_mod.replace_existing(new, old) is True
+    assert old.read_text() == "frozen" and not new.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.json"]

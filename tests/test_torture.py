@@ -67,6 +67,7 @@ def test_bounded_torture_with_dependencies_renders_only_from_resolved_upstream_b
     f = json.loads(proc.stdout)
     print(json.dumps({k: v for k, v in f.items() if k != "details"}))
     assert f["lost"] == 0 and f["fsck_problems"] == 0 and f["independent_problems"] == 0, f["details"]
+    assert f["double_published"] == 0, f["details"]  # two settlers never run one dependent twice
     assert f["depends_wrong"] == [], f["depends_wrong"]
     assert f["depends_groups"] == 3 and f["depends_jobs"] >= 3 + 13 + 3
     ends = f["depends_ends"]
