@@ -71,6 +71,10 @@ def test_bounded_torture_with_dependencies_renders_only_from_resolved_upstream_b
     assert f["depends_wrong"] == [], f["depends_wrong"]
     assert f["depends_groups"] == 3 and f["depends_jobs"] >= 3 + 13 + 3
     ends = f["depends_ends"]
-    assert ends["complete"] >= 3 + 13 and ends["held"] == 1 and ends["failed"] == 1, ends
+    assert sum(ends.values()) == f["depends_jobs"] and "missing" not in ends, ends
+    # the failing upstream failed and held its dependent; dependents of published upstreams
+    # rendered (a kill may fail any render for good: depends_wrong judges each end by its
+    # upstreams' ends)
+    assert ends["failed"] >= 1 and ends["held"] >= 1 and ends["complete"] >= 10, ends
     assert f["kills"] >= 1
     assert proc.returncode == 0
