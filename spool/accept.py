@@ -30,11 +30,11 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from . import groupcommit, kinds, recipe
+from . import depends, fanout, groupcommit, kinds
 from .arrivals import Arrivals
 from .config import Config
 from .decoding import convert, parse_json
@@ -43,7 +43,6 @@ from .errors import InvalidInput
 from .events import Journal
 from .faults import crashpoint
 from .model import (
-    Expect,
     Rejection,
     encode,
     job_id,
@@ -51,7 +50,8 @@ from .model import (
 )
 from .secrets import redact
 from .status import load_job, locate, read
-from .tree import Tree, fsync_dir, is_visible, rename_durable, write_atomic
+from .submission import Submission
+from .tree import Tree, fsync_dir, is_visible, make_dirs, rename_durable, write_atomic
 from .visibility import nfc
 
 if TYPE_CHECKING:
@@ -59,43 +59,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("spool.accept")
 
-Name = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9._-]{0,95}$")]
-Revision = Annotated[int, msgspec.Meta(ge=1, le=999_999_999)]
-TagKey = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_.-]{0,63}$")]
-TagValue = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
-FileName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
-User = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._@+-]{1,64}$")]
-PathText = Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
-
-
-class OutputRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    file: FileName | None = None
-    expect: Expect = msgspec.field(default_factory=Expect)
-
-
-class Submission(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """What a submitter writes (documented in the README)."""
-
-    name: Name
-    revision: Revision = 1
-    supersedes: str | None = None
-    #: The job's kind (:data:`spool.kinds.KINDS`): ``render`` unless said otherwise.
-    operation: str = "render"
-    sources: Annotated[dict[recipe.Role, PathText], msgspec.Meta(max_length=32)] = {}
-    recipe: recipe.Recipe | None = None
-    #: A generation's request (``operation = "generate"``; SPEC section 8).
-    #: A generation's spec (provider, model, input), checked by the generate kind.
-    generate: dict[str, Any] | None = None
-    output: OutputRequest = msgspec.field(default_factory=OutputRequest)
-    tags: dict[TagKey, TagValue] = {}
-    priority: Annotated[int, msgspec.Meta(ge=-1000, le=1000)] = 0
-    submitted_by: User | None = None
-
 
 @dataclass(frozen=True)
 class Accepted:
     job: Job
     path: Path
+    #: Every job the submission made (a brief, a fan-out), in order; empty for one job.
+    more: tuple[Job, ...] = ()
+
+    @property
+    def jobs(self) -> tuple[Job, ...]:
+        return self.more or (self.job,)
 
 
 @dataclass(frozen=True)
@@ -112,6 +86,11 @@ Outcome = Accepted | Rejected
 
 def parse_submission(data: bytes, cfg: Config) -> Submission:
     """Bytes -> a typed submission; every problem is an :class:`InvalidInput`."""
+    return convert(_parse_object(data, cfg), Submission)
+
+
+def _parse_object(data: bytes, cfg: Config) -> dict[str, Any]:
+    """Bytes -> the submission's JSON object; every problem is an :class:`InvalidInput`."""
     if len(data) > cfg.acceptance.max_submission_bytes:
         raise InvalidInput(
             "submission",
@@ -120,20 +99,34 @@ def parse_submission(data: bytes, cfg: Config) -> Submission:
     value = parse_json(data)
     if not isinstance(value, dict):
         raise InvalidInput("submission", f"must be a JSON object, not {type(value).__name__}")
-    return convert(value, Submission)
+    return value
 
 
-def build_job(tree: Tree, cfg: Config, sub: Submission, submitted_by: str) -> Job:
+def build_job(
+    tree: Tree,
+    cfg: Config,
+    sub: Submission,
+    submitted_by: str,
+    *,
+    snap: depends.Snapshot | None = None,
+    raw: dict[str, Any] | None = None,
+    prefix: str = "",
+) -> Job:
     """Check everything a submission says against the world and freeze it.
 
     The fields every job has are checked here; the rest belongs to the job's
-    kind (:mod:`spool.kinds`), which probes and hashes what it needs.
+    kind (:mod:`spool.kinds`), which probes and hashes what it needs. A job with
+    sources from other jobs (:mod:`spool.depends`) is frozen at once if they are all
+    published, else returned unresolved, to wait in ``waiting/``; ``raw`` is its
+    submission (JSON values), kept to freeze it then.
     """
     kind = kinds.named(sub.operation)
     jid = job_id(sub.name, sub.revision)
     tags = check_tags(sub.tags, cfg.acceptance.required_tags)
     if sub.supersedes is not None:
         _check_supersedes(tree, sub, jid)
+    if (tree.variants / f"{jid}.json").exists():
+        raise InvalidInput("name", f"{jid} is the parent of a fan-out of variants; submit a new revision")
     common: dict[str, Any] = dict(
         job_id=jid,
         name=sub.name,
@@ -144,7 +137,25 @@ def build_job(tree: Tree, cfg: Config, sub: Submission, submitted_by: str) -> Jo
         submitted_at=now(),
         submitted_by=sub.submitted_by or submitted_by,
     )
-    return kind.freeze(tree, cfg, sub, common)
+    refs = kind.upstream_refs(tree, cfg, sub)
+    if not refs:
+        return kind.freeze(tree, cfg, sub, common)
+    snap = snap if snap is not None else depends.Snapshot(tree)
+    ups = depends.plan(tree, cfg, refs, jid, snap, prefix)
+    job = kind.waiting(tree, cfg, sub, common, set(refs))
+    request = raw if raw is not None else msgspec.to_builtins(sub)
+    job = msgspec.structs.replace(job, upstreams=ups, request=request)
+    job.recipe_hash = kind.spec_hash(job)
+    verdict = depends.judge(tree, job, snap)
+    role = next((u.role for u in ups if verdict.upstream and verdict.upstream.startswith(u.ref)), ups[0].role)
+    if verdict.action == "hold":
+        raise InvalidInput(f"{prefix}sources.{role}", f"{verdict.reason}; retry or revise it first")
+    if verdict.action == "ready":
+        try:
+            return depends.freeze(tree, cfg, job, verdict.targets)
+        except depends.Unusable as exc:
+            raise InvalidInput(f"{prefix}sources.{role}", str(exc)) from None
+    return job
 
 
 def check_tags(tags: dict[str, str], required: list[str]) -> dict[str, str]:
@@ -176,11 +187,17 @@ def _check_supersedes(tree: Tree, sub: Submission, jid: str) -> None:
 
 
 def commit(tree: Tree, job: Job) -> Path:
-    """Write the frozen job into ``pending/`` (see the module docstring's order)."""
+    """Write the frozen job into ``pending/`` (see the module docstring's order); a job
+    still waiting for an upstream into ``waiting/``, after its reverse index entries."""
     data = encode(job)
     jid = job.job_id
     _reserve(tree, jid, job.submission_sha256)
-    dest = tree.job_file("pending", jid)
+    state = state_of(job)
+    if job.upstreams:
+        depends.write_entries(tree, job)  # durable before the job file: a publish finds it
+        if not tree.waiting.is_dir():
+            make_dirs(tree.waiting)
+    dest = tree.job_file(state, jid)
     try:
         write_atomic(dest, data, replace=False)
     except FileExistsError:
@@ -190,6 +207,11 @@ def commit(tree: Tree, job: Job) -> Path:
     # and the copy only matters once that file has gone missing.
     write_atomic(tree.job_attempts(jid) / JOB_COPY, data, mode=0o444, folder_later=True)
     return dest
+
+
+def state_of(job: Job) -> str:
+    """The state a newly accepted job starts in."""
+    return "pending" if job.resolved else "waiting"
 
 
 #: The job's frozen copy in its reservation folder (``attempts/<job>/job.json``):
@@ -239,12 +261,82 @@ def _next_revision(tree: Tree, jid: str) -> int:
 
 
 def accept_bytes(tree: Tree, cfg: Config, data: bytes, submitted_by: str) -> Job:
-    """Check and commit one submission; raises :class:`InvalidInput` if rejected."""
-    sub = parse_submission(data, cfg)
-    job = build_job(tree, cfg, sub, submitted_by)
-    job = msgspec.structs.replace(job, submission_sha256=hashlib.sha256(data).hexdigest())
-    commit(tree, job)
-    return job
+    """Check and commit one submission; raises :class:`InvalidInput` if rejected. For a
+    submission that makes several jobs (:mod:`spool.fanout`), the last of them."""
+    return accept_all(tree, cfg, data, submitted_by)[-1]
+
+
+def accept_all(
+    tree: Tree, cfg: Config, data: bytes, submitted_by: str, snap: depends.Snapshot | None = None
+) -> list[Job]:
+    """:func:`accept_made` without saying which jobs were made now."""
+    return [job for job, _new in accept_made(tree, cfg, data, submitted_by, snap)]
+
+
+def accept_made(
+    tree: Tree, cfg: Config, data: bytes, submitted_by: str, snap: depends.Snapshot | None = None
+) -> list[tuple[Job, bool]]:
+    """Check and commit a submission: every job it makes, in order (one job, a fan-out of
+    variants, a brief). All are checked before any is committed: accepted whole or
+    rejected whole. Of a submission that makes several jobs, one that already exists
+    with the same ``submission_sha256`` (a drop taken again after a crash, a submit run
+    again after one) is kept and not made again; if they all exist, it is a duplicate."""
+    value = _parse_object(data, cfg)
+    digest = hashlib.sha256(data).hexdigest()
+    entries, fans = fanout.entries(value)
+    if len(entries) == 1 and not fans:
+        sub = convert(value, Submission)
+        job = build_job(tree, cfg, sub, submitted_by, snap=snap)
+        job = msgspec.structs.replace(job, submission_sha256=digest)
+        commit(tree, job)
+        return [(job, True)]
+    snap = snap if snap is not None else depends.Snapshot(tree)
+    built: list[Job] = []
+    for e in entries:
+        sub = convert(e.raw, Submission, prefix=e.prefix.rstrip("."))
+        jid = job_id(sub.name, sub.revision)
+        done = _same_submission(tree, jid, digest)
+        if done is not None:
+            built.append(done)
+            snap.add(jid, "kept")
+            continue
+        job = build_job(tree, cfg, sub, submitted_by, snap=snap, raw=e.raw, prefix=e.prefix)
+        job = msgspec.structs.replace(job, submission_sha256=digest, parent=e.parent, variant=e.variant)
+        built.append(job)
+        snap.add(jid, state_of(job))
+    kept = {j.job_id for j in built if locate(tree, j.job_id) is not None}
+    if len(kept) == len(built):
+        raise InvalidInput(
+            "name", f"job {built[0].job_id} already exists (this submission was accepted before)"
+        )
+    for fan in fans:
+        _commit_fanout(tree, msgspec.structs.replace(fan, submission_sha256=digest))
+    for job in built:
+        if job.job_id not in kept:
+            commit(tree, job)
+    return [(job, job.job_id not in kept) for job in built]
+
+
+def _same_submission(tree: Tree, jid: str, digest: str) -> Job | None:
+    found = load_job(tree, jid)
+    return found[0] if found is not None and found[0].submission_sha256 == digest else None
+
+
+def _commit_fanout(tree: Tree, fan: fanout.FanOut) -> None:
+    """``variants/<parent>.json``, written once, before the variants' job files."""
+    path = tree.variants / f"{fan.parent}.json"
+    if locate(tree, fan.parent) is not None:
+        raise InvalidInput("name", f"{fan.parent} is a job; a fan-out's parent needs a name of its own")
+    if not tree.variants.is_dir():
+        make_dirs(tree.variants)
+    try:
+        write_atomic(path, encode(fan), mode=0o444, replace=False)
+    except FileExistsError:
+        old = read(path, fanout.FanOut)
+        if old is None or old.submission_sha256 != fan.submission_sha256:
+            raise InvalidInput(
+                "name", f"the fan-out {fan.parent} already exists; submit a new revision"
+            ) from None
 
 
 def _already_accepted(tree: Tree, data: bytes) -> Job | None:
@@ -386,20 +478,26 @@ def _accept_or_reject(
 ) -> Outcome:
     from_ = "incoming" if source_path is not None else "submit"
     try:
-        job = accept_bytes(tree, cfg, data, user)
+        made = accept_made(tree, cfg, data, user)
     except InvalidInput as exc:
         done = _already_accepted(tree, data) if redelivered else None
         if done is not None:
             # Its batch was cut short before the journal line (or the drop's removal):
             # say it now, so the journal has every acceptance.
             why = f"accepted from {name} (before a crash)"
-            journal.record(done.job_id, "pending", from_=from_, reason=why)
-            return Accepted(done, tree.job_file("pending", done.job_id))
+            journal.record(done.job_id, state_of(done), from_=from_, reason=why)
+            return Accepted(done, tree.job_file(state_of(done), done.job_id))
         rej = reject(tree, name, exc, journal.writer, data=data, move_from=source_path)
         journal.record(name, "rejected", from_=from_, reason=str(exc))
         return Rejected(exc, rej)
-    journal.record(job.job_id, "pending", from_=from_, reason=f"accepted from {name}")
-    return Accepted(job, tree.job_file("pending", job.job_id))
+    for job, new in made:
+        why = f"accepted from {name}" + ("" if new else " (before a crash)")
+        if not job.resolved:
+            why += "; waits for " + ", ".join(u.ref for u in job.upstreams if u.sha256 is None)
+        journal.record(job.job_id, state_of(job), from_=from_, reason=why)
+    jobs = tuple(job for job, _ in made)
+    last = jobs[-1]
+    return Accepted(last, tree.job_file(state_of(last), last.job_id), more=jobs if len(jobs) > 1 else ())
 
 
 def _read_submission(path: Path, cfg: Config, shown: str | None = None) -> bytes:

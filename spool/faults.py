@@ -46,6 +46,10 @@ OTHER_POINTS = (
     "mid_group_sync",
     # Adoption (spool.adopt): a file's adopt job accepted, not yet claimed.
     "mid_adopt",
+    # Dependencies (spool.depends): a dependent frozen in waiting/, not yet moved to pending/;
+    # its hold record written, the job not yet moved to held/.
+    "after_resolve_write",
+    "after_hold_record",
 )
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .recipe import DEFAULT_CRF, Encode, Fit, Fps, Overlay, Recipe, Text, audio_codec, pix_fmt, shape
 
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
     from .config import Render
     from .model import LayerBox, Source
+    from .timeline import Timeline
 
 #: FFmpeg encoder per codec name used in recipes.
 VIDEO_ENCODERS = {"h264": "libx264", "hevc": "libx265", "vp9": "libvpx-vp9", "prores": "prores_ks"}
@@ -60,6 +61,7 @@ def command(
     output_name: str,
     render: Render,
     layers: Sequence[LayerBox] = (),
+    timeline: Timeline | None = None,
 ) -> Command:
     """Recipe -> one FFmpeg argument list. Pure: no I/O, no shell.
 
@@ -83,9 +85,11 @@ def command(
         main_opts["ss"] = _num(trim.start)
     if trim.duration is not None:
         main_opts["t"] = _num(trim.duration)
-    main = open_input(recipe.input, **main_opts)
-
-    video = main.video
+    if timeline is not None:  # an edit: its clips, gaps and dissolves are the input (spool.timeline)
+        video, main_audio = _timeline(timeline, sources)
+    else:
+        main = open_input(recipe.input, **main_opts)
+        video, main_audio = main.video, main.audio
     width, _ = _dims(sources[recipe.input])
     labels = 0
     planned = {layer.step: layer for layer in layers}
@@ -118,14 +122,14 @@ def command(
     aud = recipe.audio
     if sh.has_audio:
         if aud.mode == "keep":
-            a = main.audio
+            a = main_audio
         elif aud.mode == "replace":
             assert aud.source
             a = open_input(aud.source).audio
         else:  # mix
             assert aud.source
             bed = open_input(aud.source).audio.filter("volume", _num(aud.mix_level))
-            a = ffmpeg.filter([main.audio, bed], "amix", inputs=2, duration="first", normalize=0)
+            a = ffmpeg.filter([main_audio, bed], "amix", inputs=2, duration="first", normalize=0)
         if aud.loudness is not None:
             a = a.filter("loudnorm", I=_num(aud.loudness), TP=-1.5, LRA=11)
         a = a.filter("aformat", sample_rates=48000, channel_layouts="stereo")
@@ -148,6 +152,60 @@ def command(
         *ffmpeg.get_args(out),
     ]
     return Command(argv=argv, files=files, duration=sh.duration)
+
+
+def _timeline(tl: Timeline, sources: Mapping[str, Source]) -> tuple[Any, Any]:
+    """A frozen timeline -> its picture (and sound, if it has any) as filter graph streams.
+
+    Each item is a segment on the timeline's canvas at its rate, a clip lengthened by the
+    handles its dissolves show (spool.timeline.handles); segments join by ``concat`` at a
+    cut and ``xfade`` / ``acrossfade`` over a dissolve, whose offset is the length so far
+    less the dissolve, so the whole lasts exactly the timeline's duration."""
+    import ffmpeg
+
+    from .timeline import handles
+
+    w, h, rate = tl.width, tl.height, tl.rate
+    video: Any = None
+    audio: Any = None
+    length = 0.0
+    for k, it in enumerate(tl.items):
+        before, after = handles(tl, k)
+        seconds = before + it.duration + after
+        if it.kind == "gap":
+            v = ffmpeg.input(f"color=c=black:s={w}x{h}:r={_num(rate)}", f="lavfi", t=_num(seconds)).video
+            a = ffmpeg.input("anullsrc=r=48000:cl=stereo", f="lavfi", t=_num(seconds)).audio
+        else:
+            src = sources[it.source or ""]
+            clip = ffmpeg.input(
+                "file:" + src.path, protocol_whitelist="file", ss=_num(it.start - before), t=_num(seconds)
+            )
+            v = clip.video.filter("scale", w, h, force_original_aspect_ratio="decrease", force_divisible_by=2)
+            v = v.filter("pad", w, h, "(ow-iw)/2", "(oh-ih)/2", color="black").filter("setsar", 1)
+            a = clip.audio
+        v = v.filter("fps", _num(rate)).filter("format", "yuv420p")
+        v = v.filter("trim", duration=_num(seconds)).filter("setpts", "PTS-STARTPTS")
+        v = v.filter("settb", "AVTB")  # concat's time base: xfade joins only inputs that share one
+        if tl.audio:
+            a = a.filter("aformat", sample_rates=48000, channel_layouts="stereo")
+            a = a.filter("atrim", duration=_num(seconds)).filter("asetpts", "PTS-STARTPTS")
+        dissolve = next((d for d in tl.dissolves if d.cut == k), None)
+        if video is None:
+            video, audio, length = v, a, seconds
+        elif dissolve is not None:
+            d = dissolve.before + dissolve.after
+            video = ffmpeg.filter(
+                [video, v], "xfade", transition="fade", duration=_num(d), offset=_num(length - d)
+            )
+            if tl.audio:
+                audio = ffmpeg.filter([audio, a], "acrossfade", d=_num(d))
+            length += seconds - d
+        else:
+            video = ffmpeg.concat(video, v, v=1, a=0)
+            if tl.audio:
+                audio = ffmpeg.concat(audio, a, v=0, a=1)
+            length += seconds
+    return video, audio if tl.audio else None
 
 
 def _num(x: float) -> str:

@@ -48,7 +48,7 @@ import stat
 import time
 from pathlib import Path
 
-from . import index, kinds, liveness, quarantine, store
+from . import depends, index, kinds, liveness, quarantine, store
 from .accept import JOB_COPY
 from .model import Failure, Manifest, WorkerRecord
 from .problems import Problem
@@ -114,8 +114,18 @@ def check(
     problems += _manifests(tree, verify_hashes)
     problems += _leftovers(tree, repair, grace)
     problems += index.fsck_problems(tree, repair=repair)  # the library index (SPEC 9)
+    problems += _dependencies(tree, repair)  # jobs whose sources are other jobs (SPEC 11.12)
     problems += _lost_writes(tree, repair, settle)
     return problems
+
+
+def _dependencies(tree: Tree, repair: bool) -> list[Problem]:
+    from . import config
+
+    if not tree.deps.is_dir() and not any(visible_names(tree.waiting)):
+        return []
+    found = depends.check(tree, config.load(tree.config_file), repair=repair)
+    return [Problem(12, f.path, f.problem, f.repair, f.repaired) for f in found]
 
 
 def _lost_writes(tree: Tree, repair: bool, settle: float | None) -> list[Problem]:
@@ -187,11 +197,11 @@ def _damaged(tree: Tree, repair: bool) -> list[Problem]:
     """Job files waiting in pending/ or held/ that can never run (unreadable, not a
     regular file, named for another job, or edited after acceptance): quarantined."""
     out = []
-    for state in ("pending", "held"):
+    for state in ("waiting", "pending", "held"):
         folder = tree.root / state
         for name in sorted(visible_names(folder)):
             try:
-                quarantine.load(folder / name)
+                quarantine.load(folder / name, unresolved_ok=state != "pending")
             except quarantine.Damaged as damage:
                 prob = Problem(5, f"{state}/{name}", f"{damage.field}: {damage.reason}")
                 prob.repair = f"move it to quarantine/{name} with the reason beside it"
@@ -277,7 +287,7 @@ def _job_copy(tree: Tree, jid: str) -> tuple[kinds.Job | None, bytes, str]:
     except OSError as exc:
         return None, b"", f"its frozen copy {_rel(tree, path)} cannot be read ({exc.strerror})"
     try:
-        job = quarantine.check(f"{jid}.json", data)
+        job = quarantine.check(f"{jid}.json", data, unresolved_ok=True)
     except quarantine.Damaged as damage:
         return None, data, f"its frozen copy {_rel(tree, path)} is damaged ({damage})"
     return job, data, ""
@@ -311,6 +321,8 @@ def _in_no_state(tree: Tree, repair: bool, verify_hashes: bool) -> list[Problem]
             state, evidence = "complete", "its manifest's store file verifies"
         elif numbers and read(tree.attempt_dir(jid, numbers[-1]) / "failure.json", Failure) is not None:
             state, evidence = "failed", f"attempt {numbers[-1]} recorded a failure"
+        elif not job.resolved:
+            state, evidence = "waiting", "it waits for its upstreams, as accepted"
         else:
             state, evidence = "held", "no outcome is recorded; spool release runs it again"
         prob.repair = f"restore {state}/{jid}.json from its frozen copy ({evidence})"
@@ -398,7 +410,15 @@ def _leftovers(tree: Tree, repair: bool, grace: float) -> list[Problem]:
     process of this host, or that are older than ``grace``."""
     out = []
     now = time.time()
-    folders = [tree.pending, tree.complete, tree.failed, tree.manifests, tree.workers, tree.rejected]
+    folders = [
+        tree.waiting,
+        tree.pending,
+        tree.complete,
+        tree.failed,
+        tree.manifests,
+        tree.workers,
+        tree.rejected,
+    ]
     folders += [tree.running_dir(w) for w in running_workers(tree)]
     base = tree.store / "sha256"
     folders += [d for d in base.iterdir() if d.is_dir()] if base.is_dir() else []

@@ -117,20 +117,82 @@ def retry_job(tree: Tree, job_id: str, by: str, journal: Journal, *, resubmit: b
     retry.mark_operator_retry(tree, job_id, by)
     clear_cancel(tree, job_id)
     blocklist.clear(tree, job_id)
-    _move(tree, job_id, "failed", "pending", "left failed/ a moment ago; look again (spool show)")
-    journal.record(job_id, "pending", from_="failed", reason=f"retry by {by}")
+    found = load_job(tree, job_id)
+    to = "waiting" if found is not None and not found[0].resolved else "pending"  # its upstreams first
+    _move(tree, job_id, "failed", to, "left failed/ a moment ago; look again (spool show)")
+    journal.record(job_id, to, from_="failed", reason=f"retry by {by}")
 
 
 def hold(tree: Tree, job_id: str, by: str, journal: Journal) -> None:
-    _require(tree, job_id, "pending")
-    _move(tree, job_id, "pending", "held", "was claimed a moment ago; cancel it instead")
-    journal.record(job_id, "held", from_="pending", reason=f"held by {by}")
+    loc = _require(tree, job_id, "pending", "waiting")
+    _move(tree, job_id, loc.state, "held", "was claimed a moment ago; cancel it instead")
+    journal.record(job_id, "held", from_=loc.state, reason=f"held by {by}")
 
 
-def release(tree: Tree, job_id: str, by: str, journal: Journal) -> None:
-    _require(tree, job_id, "held")
-    _move(tree, job_id, "held", "pending", "left held/ a moment ago; look again (spool show)")
-    journal.record(job_id, "pending", from_="held", reason=f"released by {by}")
+def release(tree: Tree, job_id: str, by: str, journal: Journal, cfg: Config | None = None) -> str:
+    """held -> pending; a job whose sources come from other jobs not yet frozen goes back to
+    ``waiting/`` instead (and on at once if they are published, given ``cfg``), unless an
+    upstream is still failed: that is refused, naming it. Releasing a dependent held because
+    its pinned upstream was superseded records that it may wait for it anyway. Returns the
+    state the job is in now."""
+    from . import depends  # here: `spool status` imports this module
+
+    loc = _require(tree, job_id, "held")
+    found = load_job(tree, job_id)
+    if found is None or found[0].resolved:
+        _move(tree, job_id, "held", "pending", "left held/ a moment ago; look again (spool show)")
+        depends.clear_hold(tree, job_id)
+        journal.record(job_id, "pending", from_="held", reason=f"released by {by}")
+        return "pending"
+    job = found[0]
+    verdict = depends.judge(tree, job, depends.Snapshot(tree))
+    if verdict.action == "hold" and verdict.cause in ("failed", "cancelled", "missing"):
+        raise InvalidInput(job_id, f"cannot be released: {verdict.reason}; retry or revise it first")
+    if verdict.cause == "superseded":
+        depends.acknowledge(tree, job_id)
+    _move(tree, job_id, loc.state, "waiting", "left held/ a moment ago; look again (spool show)")
+    depends.clear_hold(tree, job_id)
+    journal.record(job_id, "waiting", from_="held", reason=f"released by {by}")
+    if cfg is not None:
+        done = depends.settle(tree, cfg, journal, jobs=[job_id], by=by)
+        if job_id in done.pending:
+            return "pending"
+        if job_id in done.held:
+            return "held"
+    return "waiting"
+
+
+def release_all(tree: Tree, ref: str, by: str, journal: Journal, cfg: Config | None = None) -> dict[str, str]:
+    """:func:`release` of one job, or of every held variant of a fan-out's parent: job -> state."""
+    variants = fanout_jobs(tree, ref)
+    if variants is None:
+        return {ref: release(tree, ref, by, journal, cfg)}
+    out = {}
+    for jid in variants:
+        loc = locate(tree, jid)
+        if loc is not None and loc.state == "held":
+            out[jid] = release(tree, jid, by, journal, cfg)
+    if not out:
+        raise InvalidInput(ref, "has no held variant to release")
+    return out
+
+
+def fanout_jobs(tree: Tree, ref: str) -> list[str] | None:
+    """The newest revision of each variant of the fan-out parent ``ref``, or ``None`` when
+    ``ref`` is not one (a revised variant counts for its parent)."""
+    from .fanout import FanOut
+
+    if locate(tree, ref) is not None:
+        return None
+    fan = read(tree.variants / f"{ref}.json", FanOut)
+    if fan is None:
+        return None
+    out = []
+    for v in fan.jobs:
+        name, _, rev = v.job.rpartition("@")
+        newer = newer_revisions(tree, name, int(rev))
+        out.append(f"{name}@{newer[-1][0]}" if newer else v.job)
+    return out
 
 
 def revise(
@@ -161,6 +223,10 @@ def revise(
         raise NotFound(f"no job {job_id} in {tree.root}")
     old, _ = found
     fields = kinds.of(old).revision(old, spec, dict(sources or {}))
+    for up in old.upstreams:  # a source from another job stays one: the revision waits for it again
+        if isinstance(fields.get("sources"), dict) and up.role not in (sources or {}):
+            asset = up.ref.removeprefix("asset:")
+            fields["sources"][up.role] = {"asset": asset} if up.ref.startswith("asset:") else {"job": up.ref}
     newer = newer_revisions(tree, old.name, old.revision)
     if newer and not force:
         newest, state = newer[-1]
@@ -186,14 +252,58 @@ def revise(
     }
     data = json.dumps(sub).encode()
     job = accept.accept_bytes(tree, cfg, data, by)
-    journal.record(job.job_id, "pending", from_="revise", reason=f"revision of {job_id} by {by}")
+    journal.record(job.job_id, accept.state_of(job), from_="revise", reason=f"revision of {job_id} by {by}")
     return job
+
+
+def revise_fanout(tree: Tree, cfg: Config, parent: str, spec: Any, by: str, journal: Journal) -> list[Job]:
+    """A new revision of a fan-out's parent with a new recipe: every variant again, each a
+    new revision superseding the variant of ``parent`` (the matrix and overrides carry over)."""
+    import json
+
+    from . import accept
+    from .fanout import FanOut
+
+    fan = read(tree.variants / f"{parent}.json", FanOut)
+    if fan is None:
+        raise NotFound(f"no job or fan-out {parent} in {tree.root}")
+    rev = fan.revision + 1
+    while (tree.variants / f"{fan.name}@{rev}.json").exists():
+        rev += 1
+    raw = json.loads(fan.request)
+    raw.update(recipe=spec, revision=rev, supersedes=parent, submitted_by=by)
+    jobs = accept.accept_all(tree, cfg, json.dumps(raw).encode(), by)
+    for job in jobs:
+        journal.record(
+            job.job_id, accept.state_of(job), from_="revise", reason=f"revision of {parent} by {by}"
+        )
+    return jobs
+
+
+def approve_all(
+    tree: Tree, ref: str, by: str, note: str = "", sha256: str | None = None
+) -> list[tuple[str, Approval | None, bool]]:
+    """:func:`approve` of one job, or of every complete variant of a fan-out's parent:
+    (job, record or ``None`` if not complete, newly written)."""
+    variants = fanout_jobs(tree, ref)
+    if variants is None:
+        rec, new = approve(tree, ref, by, note, sha256)
+        return [(ref, rec, new)]
+    out: list[tuple[str, Approval | None, bool]] = []
+    for jid in variants:
+        loc = locate(tree, jid)
+        if loc is None or loc.state != "complete":
+            out.append((jid, None, False))
+            continue
+        rec, new = approve(tree, jid, by, note)
+        out.append((jid, rec, new))
+    return out
 
 
 def newer_revisions(tree: Tree, name: str, revision: int) -> list[tuple[int, str]]:
     """(revision, state) of every job ``name@N`` with N > ``revision``, oldest first."""
     found = []
-    for state in ("pending", "held", "running", "complete", "failed"):
+    for state in ("waiting", "pending", "held", "running", "complete", "failed"):
         for jid, _ in job_ids(tree, state):
             n, _, r = jid.rpartition("@")
             if n == name and r.isdigit() and int(r) > revision:
@@ -248,9 +358,9 @@ def cancel(
     from .attempt import open_attempt, write_failure
 
     by = person(by)  # it is recorded as who cancelled
-    loc = _require(tree, job_id, "pending", "held", "running")
+    loc = _require(tree, job_id, "waiting", "pending", "held", "running")
     why = reason or f"cancelled by {by}"
-    if loc.state in ("pending", "held"):
+    if loc.state in ("waiting", "pending", "held"):
         # Take it the way a worker would, so a claim racing us cannot also win.
         src, dst = tree.job_file(loc.state, job_id), tree.job_file("running", job_id, CANCELLER)
         if not transfer(src, dst):
@@ -260,6 +370,7 @@ def cancel(
         att = open_attempt(tree, job_id, CANCELLER, reason=f"cancel by {by}")
         write_failure(att, cancelled_failure(job_id, att.n, f"{by} (spool cancel on {HOST})", why, loc.state))
         transfer(dst, tree.job_file("failed", job_id))
+        _clear_hold(tree, job_id)
         journal.record(
             job_id, "failed", from_=loc.state, attempt=att.n, reason=why, stage="cancel", property="cancelled"
         )
@@ -276,6 +387,12 @@ def cancel(
         f"{job_id} was asked to stop, but its worker {loc.worker} has not acted within {wait:g} s; "
         f"it will when it can (if the worker is dead: spool recover --worker {loc.worker}, then cancel again)"
     )
+
+
+def _clear_hold(tree: Tree, job_id: str) -> None:
+    from .depends import clear_hold
+
+    clear_hold(tree, job_id)
 
 
 def request_cancel(tree: Tree, job_id: str, by: str, reason: str) -> Path:

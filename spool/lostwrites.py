@@ -48,7 +48,7 @@ SETTLE = 5.0
 HINTS = frozenset({"progress.json", "poll.json"})
 
 #: The queue states a journal line can tell (its ``to``).
-QUEUE_STATES = frozenset({"pending", "held", "running", "complete", "failed"})
+QUEUE_STATES = frozenset({"waiting", "pending", "held", "running", "complete", "failed"})
 
 
 @dataclass(frozen=True)

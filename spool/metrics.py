@@ -291,6 +291,7 @@ class QueueView:
         )
         counts = {"incoming": incoming.count, "pending": own.pending[0]}
         for state, folder, skip in (
+            ("waiting", t.waiting, ""),
             ("held", t.held, ""),
             ("complete", t.complete, ""),
             ("failed", t.failed, ""),
@@ -300,7 +301,8 @@ class QueueView:
             counts[state] = get(state, (folder,), partial(list_folder, folder, skip=skip), now).count
         running = self._running(now)
         counts["running"] = len(running)
-        order = ("incoming", "pending", "held", "running", "complete", "failed", "rejected", "quarantine")
+        order: tuple[str, ...] = ("incoming", "waiting", "pending", "held", "running")
+        order += ("complete", "failed", "rejected", "quarantine")
         oldest_running = min((ct for _, ct in running), default=None)
 
         def age(at: float | None) -> float | None:

@@ -22,7 +22,7 @@ JOB_ID_RE = re.compile(r"^(?P<name>[a-z0-9][a-z0-9._-]{0,95})@(?P<rev>[1-9][0-9]
 #: Version of the on-disk job format; bumped only for incompatible changes.
 FORMAT = 1
 
-State = Literal["pending", "held", "running", "complete", "failed"]
+State = Literal["waiting", "pending", "held", "running", "complete", "failed"]
 
 
 def now() -> datetime:
@@ -73,6 +73,34 @@ class Source(Record, kw_only=True):
     size: int
     sha256: str
     probe: ProbeSummary
+
+
+class Upstream(Record, kw_only=True):
+    """A source taken from another job's published output (SPEC 11.12, :mod:`spool.depends`).
+
+    ``ref`` is what the submission said: ``mug-gen`` (the newest revision of that
+    name), ``mug-gen@2`` (that revision) or ``asset:<query>`` (a library query that
+    named one asset at acceptance). ``job`` and ``sha256`` are set when the source is
+    frozen to the upstream's exact store object; until then the job waits in
+    ``waiting/``."""
+
+    role: str
+    ref: str
+    job: str | None = None
+    sha256: str | None = None
+
+
+class HoldRecord(Record, kw_only=True):
+    """``deps/_held/<job>.json``: why a dependent was moved to ``held/`` (spool.depends):
+    its upstream failed, was cancelled, superseded or is gone, or cannot be used."""
+
+    job_id: str
+    upstream: str
+    cause: str
+    reason: str
+    next_action: str
+    at: datetime
+    by: str
 
 
 # -- the job -----------------------------------------------------------------
@@ -131,11 +159,25 @@ class JobBase(Record, kw_only=True, tag_field="operation"):
     submitted_by: str
     submission_sha256: str = ""  # of the submitted bytes: recognises a re-delivered drop
     estimate_bytes: int = 0  # temporary disk the render may need (reserved before claiming)
+    #: Sources taken from other jobs (:mod:`spool.depends`): unresolved while the job
+    #: waits in ``waiting/``, each pinned to a store object once it is frozen.
+    upstreams: list[Upstream] = []
+    #: A waiting job's submission, frozen again by its kind once every upstream has
+    #: published; ``None`` once frozen (and for every job without upstreams).
+    request: dict[str, Any] | None = None
+    #: A variant of a fan-out (:mod:`spool.fanout`): the parent's ID and this variant's values.
+    parent: str | None = None
+    variant: dict[str, str] = {}
 
     @property
     def operation(self) -> str:
         """The kind's name: the tag this job file carries."""
         return str(self.__struct_config__.tag)
+
+    @property
+    def resolved(self) -> bool:
+        """Whether every source is frozen (no upstream still to publish)."""
+        return all(u.sha256 is not None for u in self.upstreams)
 
     def source(self, role: str) -> Source:
         for s in self.sources:

@@ -35,13 +35,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .status import attempt_numbers, read, running_workers, show
+from .status import attempt_numbers, last_failure, read, running_workers, show
 from .tree import HOST, Tree, is_visible, list_folder, server_now, visible_names
 
 if TYPE_CHECKING:
     from . import liveness
     from .config import Config
-    from .model import Failure, Manifest, Progress
+    from .model import Manifest, Progress
 
 # What is imported at the top is what `spool status --json` on a queue of counts
 # needs: no msgspec (its import alone costs about as much as starting Python), no
@@ -221,6 +221,7 @@ def scan_queue(
             if pending.count > len(first):
                 source = "sample" if stated else "unknown"
     held = _scan(tree.held, stat=False)
+    waiting = _scan(tree.waiting, stat=False)
     complete = _scan(tree.complete, stat=False)
     failed = _scan(tree.failed, stat=True, keep=keep)
     rejected = _scan(tree.rejected, stat=False, skip=".error.json")
@@ -243,6 +244,7 @@ def scan_queue(
             continue
     counts = {
         "incoming": incoming.count,
+        "waiting": waiting.count,
         "pending": pending.count,
         "held": held.count,
         "running": len(running),
@@ -356,17 +358,6 @@ def stale_attention(stale: list[dict[str, Any]]) -> list[dict[str, Any]]:
             }
         )
     return items
-
-
-def last_failure(tree: Tree, job_id: str) -> Failure | None:
-    """The failure record of the job's latest attempt that has one."""
-    from .model import Failure
-
-    for n in reversed(attempt_numbers(tree, job_id)):
-        f: Failure | None = read(tree.attempt_dir(job_id, n) / "failure.json", Failure)
-        if f is not None:
-            return f
-    return None
 
 
 def failed_rows(tree: Tree, scan: QueueScan) -> list[dict[str, Any]]:
@@ -779,9 +770,70 @@ def job_detail(tree: Tree, job_id: str) -> dict[str, Any] | None:
 
     info = show(tree, job_id)
     if info is None:
-        return None
+        return fanout_detail(tree, job_id)
     m: Manifest | None = info["manifest"]
+    info |= dependency_detail(tree, info["job"], info["state"])
     info["timeline"] = eventlog.history(tree, job_id)
     info["approvals"] = approvals(tree, job_id, m.output.sha256 if m else None)
     info["thumbnail"] = thumbs.url(tree, m.output.sha256) if m else None
     return info
+
+
+def dependency_detail(tree: Tree, job: Any, state: str) -> dict[str, Any]:
+    """What ``spool show`` draws of a job's dependencies (SPEC 11.12): its ``upstream`` (each
+    source from another job, the job it is frozen to or waits for, its state), its
+    ``downstream`` (jobs frozen to it or waiting for it), why it waits or is held, and for
+    a variant its ``parent``."""
+    out: dict[str, Any] = {}
+    if not job.upstreams and not (tree.deps / job.name).is_dir() and not (tree.deps / job.job_id).is_dir():
+        return {"parent": job.parent, "variant": job.variant} if job.parent else {}
+    from . import depends
+
+    out["upstream"] = depends.upstream_rows(tree, job)
+    out["downstream"] = depends.downstream_rows(tree, job.job_id)
+    if state == "waiting" and job.upstreams:
+        out["waiting_reason"] = (
+            depends.judge(tree, job, depends.Snapshot(tree)).reason or "every upstream published"
+        )
+    rec = depends.hold_record(tree, job.job_id) if state == "held" else None
+    if rec is not None:
+        out["held_because"] = rec
+    if job.parent:
+        out |= {"parent": job.parent, "variant": job.variant}
+    return out
+
+
+def fanout_detail(tree: Tree, parent: str) -> dict[str, Any] | None:
+    """``spool show PARENT`` of a fan-out: its axes and each variant (the newest revision of
+    its name) with its state, values, output and poster frame."""
+    from . import intent, thumbs
+    from .fanout import FanOut
+    from .model import Manifest
+
+    fan = read(tree.variants / f"{parent}.json", FanOut)
+    jobs = intent.fanout_jobs(tree, parent)
+    if fan is None or jobs is None:
+        return None
+    from .status import locate
+
+    rows = []
+    for listed, jid in zip(fan.jobs, jobs, strict=True):
+        values = listed.values
+        loc = locate(tree, jid)
+        m = read(tree.manifest_file(jid), Manifest) if loc is not None and loc.state == "complete" else None
+        rows.append(
+            {
+                "job": jid,
+                "state": loc.state if loc else "unknown",
+                "values": values,
+                "sha256": m.output.sha256 if m else None,
+                "thumbnail": thumbs.url(tree, m.output.sha256) if m else None,
+                "approvals": len(intent.approvals(tree, jid)),
+            }
+        )
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["state"]] = counts.get(r["state"], 0) + 1
+    axes = [{"axis": a.axis, "values": a.values} for a in fan.axes]
+    return {"parent": parent, "name": fan.name, "revision": fan.revision, "axes": axes,
+            "counts": counts, "variants": rows}  # fmt: skip

@@ -50,7 +50,7 @@ class Damaged(Exception):
         self.reason = reason
 
 
-def check(name: str, data: bytes) -> kinds.Job:
+def check(name: str, data: bytes, *, unresolved_ok: bool = False) -> kinds.Job:
     """The job in ``data``, read from a file called ``name``, if it may run; else :class:`Damaged`.
 
     Checks that it decodes as a job of a known kind, that the file is named
@@ -73,10 +73,15 @@ def check(name: str, data: bytes) -> kinds.Job:
             f"is {job.recipe_hash[:16]}... but the job's {job.operation} spec hashes to {want[:16]}...: "
             "the job file was changed after acceptance",
         )
+    if not unresolved_ok and not job.resolved:
+        waits = ", ".join(u.ref for u in job.upstreams if u.sha256 is None)
+        raise Damaged(
+            "upstreams", f"names sources from other jobs not yet frozen ({waits}): it belongs in waiting/"
+        )
     return job
 
 
-def load(path: Path) -> kinds.Job:
+def load(path: Path, *, unresolved_ok: bool = False) -> kinds.Job:
     """Read and :func:`check` a job file in the queue. Raises :class:`Damaged`, or
     ``OSError`` when it cannot be read for a reason that may pass (gone, a NAS hiccup)."""
     try:
@@ -87,7 +92,7 @@ def load(path: Path) -> kinds.Job:
         if exc.errno == errno.ELOOP:
             raise Damaged("job", "is a symbolic link, not a job file") from None
         raise
-    return check(path.name, data)
+    return check(path.name, data, unresolved_ok=unresolved_ok)
 
 
 def quarantine(tree: Tree, src: Path, found_in: str, damage: Damaged, by: str) -> bool:

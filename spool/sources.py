@@ -10,8 +10,13 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from . import probe
 from .config import Config
@@ -20,9 +25,11 @@ from .model import Expect, Source
 from .store import sha256_file
 
 
-def resolve(role: str, text: str, roots: list[Path]) -> Path:
+def resolve(role: str, text: object, roots: list[Path]) -> Path:
     """A source path -> its real path inside an asset root, or a rejection."""
     field = f"sources.{role}"
+    if not isinstance(text, str):  # a source that names another job (spool.depends)
+        raise InvalidInput(field, "names another job, which this kind cannot take as a source")
     if "\x00" in text:
         raise InvalidInput(field, "contains a NUL character")
     if not roots:
@@ -53,6 +60,22 @@ def describe(role: str, path: Path, cfg: Config) -> Source:
     return inspect(role, path, cfg)[0]
 
 
+_memo = threading.local()
+
+
+@contextmanager
+def memoized() -> Iterator[None]:
+    """Within it, a file already probed and hashed (same path, inode, size and times) is
+    not probed and hashed again: a timeline using one medium many times, or a batch of
+    dependents frozen from one upstream object (spool.depends)."""
+    outer = getattr(_memo, "cache", None)
+    _memo.cache = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _memo.cache = outer
+
+
 def inspect(role: str, path: Path, cfg: Config) -> tuple[Source, dict[str, Any]]:
     """:func:`describe`, and ffprobe's whole report (for a kind that checks more of it)."""
     field = f"sources.{role}"
@@ -60,6 +83,19 @@ def inspect(role: str, path: Path, cfg: Config) -> tuple[Source, dict[str, Any]]
         st = os.stat(path)
     except OSError as exc:
         raise InvalidInput(field, f"{path} cannot be read ({exc.strerror})") from None
+    cache = getattr(_memo, "cache", None)
+    key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if cache is not None and key in cache:
+        src, info = cache[key]
+        return msgspec.structs.replace(src, role=role), info
+    got = _inspect(role, path, cfg, st)
+    if cache is not None:
+        cache[key] = got
+    return got
+
+
+def _inspect(role: str, path: Path, cfg: Config, st: os.stat_result) -> tuple[Source, dict[str, Any]]:
+    field = f"sources.{role}"
     if stat.S_ISDIR(st.st_mode):
         raise InvalidInput(field, f"{path} is a folder, not a media file")
     if not stat.S_ISREG(st.st_mode):

@@ -14,7 +14,7 @@ from .tree import FLAT_STATES, Tree, Value, list_folder, visible_names
 
 if TYPE_CHECKING:
     from .kinds import Job
-    from .model import Progress, WorkerRecord
+    from .model import Failure, Progress, WorkerRecord
 
 
 def read(path: Path, typ: Any, *, replaced: bool = False) -> Any:
@@ -103,7 +103,17 @@ def counts(tree: Tree) -> dict[str, int]:
     # the metrics count them so too)
     out["incoming"] = count(tree.incoming, taken=".accepting.")
     out["quarantine"] = count(tree.quarantine)
-    keys = ("incoming", "pending", "held", "running", "complete", "failed", "rejected", "quarantine")
+    keys = (
+        "incoming",
+        "waiting",
+        "pending",
+        "held",
+        "running",
+        "complete",
+        "failed",
+        "rejected",
+        "quarantine",
+    )
     return {k: out[k] for k in keys}
 
 
@@ -245,3 +255,14 @@ def progress_of(tree: Tree, job_id: str) -> Progress | None:
         return None
     p: Progress | None = read(tree.attempt_dir(job_id, nums[-1]) / "progress.json", Progress)
     return p
+
+
+def last_failure(tree: Tree, job_id: str) -> Failure | None:
+    """The failure record of the job's latest attempt that has one."""
+    from .model import Failure
+
+    for n in reversed(attempt_numbers(tree, job_id)):
+        f: Failure | None = read(tree.attempt_dir(job_id, n) / "failure.json", Failure)
+        if f is not None:
+            return f
+    return None

@@ -31,13 +31,15 @@ from typing import Any
 
 #: The queue states that are folders of job files (``held`` is pending, set aside
 #: by an operator; ``running`` holds one folder per worker).
-STATES = ("pending", "held", "running", "complete", "failed")
-#: The states whose job files sit directly in ``SPOOL/<state>/``.
-FLAT_STATES = ("pending", "held", "complete", "failed")
+STATES = ("waiting", "pending", "held", "running", "complete", "failed")
+#: The states whose job files sit directly in ``SPOOL/<state>/`` (``waiting``: a job whose
+#: sources come from other jobs not yet published, spool.depends).
+FLAT_STATES = ("waiting", "pending", "held", "complete", "failed")
 
 #: Every top-level folder of a spool, in the order ``spool init`` creates them.
 FOLDERS = (
     "incoming",
+    "waiting",
     "pending",
     "held",
     "running",
@@ -51,6 +53,8 @@ FOLDERS = (
     "events",
     "approvals",
     "quarantine",
+    "deps",
+    "variants",
 )
 
 #: Errors that mean "this name is not (or no longer) there" on some filesystem.
@@ -327,6 +331,51 @@ def link_or_copy(src: Path, dst: Path, digest: str | None = None, *, mode: int |
     return "link"
 
 
+#: renameat2's flag that swaps two names atomically (Linux 3.15; local filesystems, some FUSE).
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+_renameat2: Any = None
+
+
+def replace_existing(src: Path, dst: Path) -> bool:
+    """Put ``src`` in place of ``dst`` only if ``dst`` still exists; ``False`` (``src``
+    left as it was) when it does not.
+
+    ``renameat2(RENAME_EXCHANGE)`` swaps the two names in one step, so a file another
+    process renamed away a moment ago is never brought back to life under its old name
+    (a plain ``os.replace`` would recreate it); the old content, now at ``src``'s name,
+    is removed. Where the filesystem refuses exchanges (NFS, SMB, some FUSE), check then
+    replace: exclusive only between processes that do not race, as
+    :func:`link_no_replace`'s fallback is."""
+    global _renameat2
+    if _renameat2 is None:
+        import ctypes
+
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).renameat2
+            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+            _renameat2 = fn
+        except (OSError, AttributeError):
+            _renameat2 = False
+    if _renameat2:
+        import ctypes
+
+        if _renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_EXCHANGE) == 0:
+            os.unlink(src)  # the old content, under the temp name now
+            return True
+        err = ctypes.get_errno()
+        if err == errno.ENOENT:
+            if not os.path.lexists(src):
+                raise FileNotFoundError(err, os.strerror(err), str(src))
+            return False
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise OSError(err, os.strerror(err), str(dst))
+    if not os.path.lexists(dst):
+        return False
+    os.replace(src, dst)
+    return True
+
+
 def link_no_replace(src: Path, dst: Path) -> None:
     """Give ``src`` the extra name ``dst``, failing if ``dst`` exists.
 
@@ -580,6 +629,18 @@ class Tree(Value):
     @property
     def attempts(self) -> Path:
         return self.root / "attempts"
+
+    @property
+    def waiting(self) -> Path:
+        return self.root / "waiting"
+
+    @property
+    def deps(self) -> Path:
+        return self.root / "deps"
+
+    @property
+    def variants(self) -> Path:
+        return self.root / "variants"
 
     @property
     def held(self) -> Path:

@@ -154,10 +154,26 @@ class StatusSource:
 
     def job(self, job_id: str) -> bytes | None:
         if not self.visible(job_id):
-            return None
+            return self._campaign(job_id)
         info = overview.job_detail(self.tree, job_id)
         if info is None:
             return None
+        info["refresh_seconds"] = self.cfg.observe.page_refresh
+        return msgspec.json.encode(info)
+
+    def _campaign(self, parent: str) -> bytes | None:
+        """A fan-out's parent (it has no tags of its own): its grid of variants, each only if
+        visible; a parent none of whose variants is visible answers as an unknown job."""
+        info = overview.fanout_detail(self.tree, parent)
+        if info is None:
+            return None
+        rows = [r for r in info["variants"] if self.visible(r["job"])]
+        if not rows:
+            return None
+        counts: dict[str, int] = {}
+        for r in rows:
+            counts[r["state"]] = counts.get(r["state"], 0) + 1
+        info |= {"variants": rows, "counts": counts}
         info["refresh_seconds"] = self.cfg.observe.page_refresh
         return msgspec.json.encode(info)
 

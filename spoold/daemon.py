@@ -30,6 +30,7 @@ from spool import (
     blocklist,
     claim,
     config,
+    depends,
     diskfull,
     doctor,
     fsck,
@@ -47,7 +48,7 @@ from spool.events import Journal
 from spool.execute import Context, execute
 from spool.faults import crashpoint
 from spool.kinds import capacities
-from spool.model import PoolUse
+from spool.model import Event, PoolUse
 from spool.pools import Pools
 from spool.status import count
 from spool.tree import Tree, make_dirs, visible_names
@@ -110,6 +111,11 @@ class Daemon:
         # The parts every daemon runs with: recovery policy, then observers.
         self.hooks = [AutoRecover(), SystemdNotify(), Metrics(), Thumbnails()] if hooks is None else hooks
         self.journal.listeners.append(lambda ev: call(self.hooks, "event", self, ev))
+        #: Jobs whose state this daemon changed: their dependents (spool.depends) may move on.
+        self._changed: set[str] = set()
+        self._changed_lock = threading.Lock()
+        self._next_sweep = 0.0
+        self.journal.listeners.append(self._note_change)
         #: Attempts of driven kinds (generations) are stepped here, not in slot threads.
         self.driver = Driver(self.ctx, self._driven_done)
         #: Why a pool's gate is closed (for the heartbeat and spool status): pool -> gate.
@@ -374,6 +380,7 @@ class Daemon:
             else:
                 for jid in self.watcher.changed():  # local changes, name by name
                     self.index.note(jid)
+            self._settle(now)
             self._fill_slots()
             if self.drain and self._drained():
                 log.info("drained: nothing pending, running or arriving")
@@ -443,9 +450,49 @@ class Daemon:
             if isinstance(o, accept.Rejected):
                 log.warning("rejected %s: %s", o.path.name, o.error)
             else:
-                log.info("accepted %s", o.job.job_id)
-                self.index.note(o.job.job_id)  # claimable in this very iteration
+                for job in o.jobs:
+                    log.info("accepted %s%s", job.job_id, "" if job.resolved else " (waiting)")
+                    self.index.note(job.job_id)  # claimable in this very iteration
         return len(outcomes)
+
+    def _note_change(self, ev: Event) -> None:
+        """A journal line of this daemon (any thread): its job's dependents may move on."""
+        with self._changed_lock:
+            self._changed.add(ev.job)
+        if ev.to in ("complete", "failed"):
+            self.wake.set()
+
+    def _settle(self, now: float) -> None:
+        """Dependents (spool.depends) of the jobs this daemon published, failed or accepted
+        move on, one batch per iteration; every ``depends.SWEEP`` s all of them are looked at
+        (a publish on another host, a recovery by the CLI)."""
+        with self._changed_lock:
+            changed, self._changed = self._changed, set()
+        sweep = now >= self._next_sweep
+        if not changed and not sweep:
+            return
+        if sweep:
+            self._next_sweep = now + depends.SWEEP
+        try:
+            done = depends.settle(
+                self.tree, self.cfg, self.journal, changed=None if sweep else changed, by=self.worker
+            )
+        except Exception as exc:
+            if diskfull.is_disk_full(exc):
+                with self._changed_lock:
+                    self._changed |= changed
+                raise
+            log.exception("settling dependents failed; trying again")
+            with self._changed_lock:
+                self._changed |= changed
+            return
+        for jid in done.pending:
+            self.index.note(jid)
+        if done:
+            log.info(
+                "dependents: %d to pending, %d held, %d waiting again",
+                len(done.pending), len(done.held), len(done.waiting),
+            )  # fmt: skip
 
     def _quarantine_damaged(self) -> None:
         """Files in ``pending/`` that can never be claimed leave the queue at once

@@ -23,6 +23,7 @@ def test_status_json_counts_every_state(tree, assets, daemons):
     report = json.loads(out.stdout)
     assert report["counts"] == {
         "incoming": 0,
+        "waiting": 0,
         "pending": 1,
         "held": 0,
         "running": 0,

@@ -401,3 +401,21 @@ def test_a_daemon_counts_its_own_generations_from_memory_and_others_from_files(t
     assert values(series, "spool_generation_attempts", state="generating") == [5]
     assert values(series, "spool_generation_attempts", state="retrieving") == [1]
     assert looked == ["theirs@1"], "only the job this process does not move is read from its files"
+
+
+def test_jobs_waiting_for_an_upstream_and_held_are_counted_by_state(tree, assets):
+    """SPEC 11.12: a dependent is counted as waiting, never as pending, until its upstream publishes."""
+    run_cli(
+        "submit",
+        str(write_json(tree.root.parent / "m.json", minimal(assets, name="master"))),
+        spool=tree,
+        check=True,
+    )
+    for name in ("cut-a", "cut-b"):
+        dep = minimal(assets, name=name, sources={"clip": {"job": "master"}})
+        run_cli("submit", str(write_json(tree.root.parent / f"{name}.json", dep)), spool=tree, check=True)
+    run_cli("hold", "cut-b@1", spool=tree, check=True)
+    series = strict_parse(metrics.exposition(metrics.queue_families(tree, "me", time.time())))
+    assert values(series, "spool_jobs", state="waiting") == [1]
+    assert values(series, "spool_jobs", state="held") == [1]
+    assert values(series, "spool_jobs", state="pending") == [1]

@@ -48,3 +48,33 @@ def test_bounded_torture_run_loses_nothing(tmp_path):
     assert f["adopt_complete"] == 30 and f["adopt_wrong"] == [], f
     assert f["adopt_kills"] >= 1
     assert proc.returncode == 0
+
+
+@pytest.mark.torture
+def test_bounded_torture_with_dependencies_renders_only_from_resolved_upstream_bytes(tmp_path):
+    """Chains of 3, a fan-out of 12 on one master and a failing upstream with a chain on it,
+    heads revised mid-run, daemons killed (some at the settle's crash points): nothing lost,
+    every dependent of a published upstream complete and frozen to its bytes (invariant 12,
+    tools/invariants.py), those of a failed one held with the reason, nothing left waiting."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "torture.py"), "--jobs", "4", "--kills", "8",
+         "--depends", "3", "--seed", "7", "--crash-point-rate", "0.6",
+         "--keep", str(tmp_path / "run"), "--json"],
+        capture_output=True, text=True, timeout=900,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "tools")},
+    )  # fmt: skip
+    assert proc.stdout, proc.stderr
+    f = json.loads(proc.stdout)
+    print(json.dumps({k: v for k, v in f.items() if k != "details"}))
+    assert f["lost"] == 0 and f["fsck_problems"] == 0 and f["independent_problems"] == 0, f["details"]
+    assert f["double_published"] == 0, f["details"]  # two settlers never run one dependent twice
+    assert f["depends_wrong"] == [], f["depends_wrong"]
+    assert f["depends_groups"] == 3 and f["depends_jobs"] >= 3 + 13 + 3
+    ends = f["depends_ends"]
+    assert sum(ends.values()) == f["depends_jobs"] and "missing" not in ends, ends
+    # the failing upstream failed and held its dependent; dependents of published upstreams
+    # rendered (a kill may fail any render for good: depends_wrong judges each end by its
+    # upstreams' ends)
+    assert ends["failed"] >= 1 and ends["held"] >= 1 and ends["complete"] >= 10, ends
+    assert f["kills"] >= 1
+    assert proc.returncode == 0

@@ -118,6 +118,7 @@ def test_api_status_has_what_the_page_shows(server):
     d = server.json("/api/status")
     assert d["counts"] == {
         "incoming": 0,
+        "waiting": 0,
         "pending": 1,
         "held": 0,
         "running": 0,
@@ -305,3 +306,42 @@ def test_page_polls_gently_and_backs_off_when_the_server_goes(seeded, browser):
     assert browser.script("return performance.getEntriesByType('navigation').length") == 1
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(s.url, timeout=2)
+
+
+def test_a_campaign_page_shows_its_variants_as_a_grid_of_posters_and_states(tree, assets, browser):
+    """A fan-out's parent: one card per visible variant, its poster frame once published, its
+    state; a variant the rule hides is left out (and a parent with none answers 404)."""
+    fan = minimal(
+        assets,
+        name="mug-ad",
+        variants={
+            "aspect": {"16x9": {}, "1x1": {"steps": {"trim": {"duration": 0.4}}}},
+            "locale": {"en-GB": {}, "de-DE": {"tags": {"locale": "de-DE", "visibility": "secret"}}},
+        },
+    )
+    run_cli("submit", str(write_json(tree.root.parent / "fan.json", fan)), spool=tree, check=True)
+    d = Daemon(tree, "grid", drain=True)
+    assert d.wait() == 0, d.output()
+    # each locale's variant of an aspect is the same bytes here (no text): one object, one poster
+    wait_for(lambda: len(list((tree.root / "thumbs").glob("*.jpg"))) == 2, timeout=30)
+    s = Server(tree)
+    try:
+        api = s.json("/api/jobs/mug-ad@1")
+        assert [v["job"] for v in api["variants"]] == ["mug-ad.16x9.en-gb@1", "mug-ad.1x1.en-gb@1"]
+        assert api["counts"] == {"complete": 2} and all(v["thumbnail"] for v in api["variants"])
+        browser.get(s.url + "jobs/mug-ad@1")
+        browser.wait("return document.body.dataset.updates")
+        cards = browser.script(
+            "return [...document.querySelectorAll('#job-body .card.variant')].map(c => c.textContent)"
+        )
+        assert len(cards) == 2 and all("complete" in c for c in cards), cards
+        assert "mug-ad.1x1.en-gb@1" in cards[1] and "de-de" not in " ".join(cards)
+        assert browser.wait(
+            "const imgs = [...document.querySelectorAll('#job-body .card.variant img')];"
+            "return imgs.length === 2 && imgs.every(i => i.complete && i.naturalWidth > 0)"
+        )
+        assert browser.script("return window.__pwned === undefined && document.scripts.length === 1")
+        print(f"campaign page screenshot: {browser.screenshot(ARTIFACTS / 'campaign-page.png')}")
+        assert s.raw("GET", "/api/jobs/mug-ad@2")[0] == 404
+    finally:
+        s.stop()

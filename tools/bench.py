@@ -1,7 +1,7 @@
 """tools/bench: spool side by side with the queues people would pick instead, and
 with the machine's limits (issue 7). Run it through ``tools/bench``.
 
-    tools/bench [all|dispatch|latency|render|publish|scale|library|syscalls|nas]
+    tools/bench [all|dispatch|latency|render|publish|scale|library|syscalls|depends|nas]
                 [--quick|--smoke] [--json FILE] [--markdown] [--huge]
 
 Prints ONE table: each measure, spool's figure, a peer's figure (or the
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import common
 from benchlib.common import Row, log, notes, rows_json, table
 
-MEASURES = ("dispatch", "latency", "render", "publish", "scale", "library", "syscalls")
+MEASURES = ("dispatch", "latency", "render", "publish", "scale", "library", "syscalls", "depends")
 #: Measures run only when named: ``nas`` needs root and FUSE (tools/multimount).
 EXTRA = ("nas",)
 
@@ -65,6 +65,10 @@ def run_measure(name: str, mode: str) -> tuple[list[Row], list[str]]:
         from benchlib import nas
 
         return nas.run(mode)
+    if name == "depends":
+        from benchlib import depends
+
+        return depends.run(mode)
     if name == "library":
         from benchlib import library
 

@@ -1,12 +1,13 @@
-"""The demo behind ``tools/demo``: one ad, three variants, a generated clip, a daemon draining them.
+"""The demo behind ``tools/demo``: a whole campaign from one brief.
 
-Everything is real: the media comes from FFmpeg's lavfi sources, jobs go in
-through ``spool submit`` and ``incoming/``, and ``spoold run --drain`` renders,
-validates and publishes them. A fourth clip comes from a "hosted video model":
-tools/provsim.py, the Replicate-compatible simulator, started here on
-127.0.0.1 (no network, no real token), through the same gate, store and
-manifest. Run it again and it starts from a fresh spool
-(the generated media is kept).
+The brief (README "From one brief to every variant") holds a master clip from a "hosted
+video model" (tools/provsim.py, the Replicate-compatible simulator, started here on
+127.0.0.1: no network, no real token) and a fan-out of the ad in 3 aspects x 2 locales
+whose clip is that master. The variants wait in ``waiting/`` until the master publishes,
+are frozen to its exact store object, then render with their logo and price label inside
+the safe area; all seven are published and searchable. Everything is real: the other media
+comes from FFmpeg's lavfi sources, ``spoold run --drain`` renders, validates and publishes.
+Run it again and it starts from a fresh spool (the made media is kept).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ ceiling = 2.0
 
 
 def generated(name: str) -> dict[str, object]:
+    """The master: a clip from the "hosted video model" (the simulator)."""
     return {
         "name": name,
         "operation": "generate",
@@ -56,13 +58,18 @@ def generated(name: str) -> dict[str, object]:
             "model": "acme/video-1",
             "input": {
                 "prompt": "The Morning Mug on a beach at dawn",
-                "width": 640,
-                "height": 360,
+                "width": 1280,
+                "height": 720,
                 "duration": 3,
             },
         },
-        "output": {"expect": {"video_streams": 1, "width": 640, "height": 360, "duration": 3}},
-        "tags": {"campaign": "morning-mug", "locale": "en-GB", "asset_type": "ad", "visibility": "internal"},
+        "output": {"expect": {"video_streams": 1, "width": 1280, "height": 720, "duration": 3}},
+        "tags": {
+            "campaign": "morning-mug",
+            "locale": "en-GB",
+            "asset_type": "master",
+            "visibility": "internal",
+        },
     }
 
 
@@ -71,24 +78,21 @@ def sh(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(args), check=check, text=True)
 
 
-def variant(name: str, width: int, height: int, assets: dict[str, Path]) -> dict[str, object]:
+def campaign(assets: dict[str, Path]) -> dict[str, object]:
+    """Every variant of the ad, rendered from the master once it is published: 3 aspects
+    x 2 locales, each with its logo and its price label whole inside the safe area."""
     return {
-        "name": name,
+        "name": "mug-ad",
         "sources": {
-            "clip": str(assets["clip"]),
+            "clip": {"job": "mug-gen"},  # the master's published bytes, frozen when it publishes
             "logo": str(assets["logo"]),
             "music": str(assets["music"]),
         },
         "recipe": {
             "input": "clip",
             "steps": [
-                {"op": "trim", "start": 0.5, "duration": 4},
-                {
-                    "op": "fit",
-                    "width": width,
-                    "height": height,
-                    "mode": "pad" if width >= height else "crop",
-                },
+                {"op": "trim", "start": 0.25, "duration": 2.5},
+                {"op": "fit", "width": 1280, "height": 720, "mode": "pad"},
                 {"op": "fps", "fps": 25},
                 # "social": the safe area of the frame's aspect (9:16 keeps clear of the
                 # bands the apps' own UI covers); see README "Required layers".
@@ -103,23 +107,17 @@ def variant(name: str, width: int, height: int, assets: dict[str, Path]) -> dict
                     "op": "text",
                     "text": "The Morning Mug – only £9.99",
                     "position": "bottom",
-                    "size": max(18, height // 18),
+                    "size": 40,
                     "box": True,
-                    "start": 0.5,
-                    "end": 3.5,
-                    # Size 71 on the 720 px wide 9:16 frame would cut off the price:
-                    # shrink to the largest size whose box fits the safe area.
+                    "start": 0.25,
+                    "end": 2.25,
+                    # Too wide for the 720 px frames: shrink to the largest size whose box
+                    # fits the safe area (a label that cannot fit is refused at acceptance).
                     "fit": "shrink",
-                    "min_size": 24,
+                    "min_size": 20,
                     "safe_area": "social",
                 },
-                {
-                    "op": "audio",
-                    "mode": "mix",
-                    "source": "music",
-                    "mix_level": 0.6,
-                    "loudness": -16,
-                },
+                {"op": "audio", "mode": "replace", "source": "music", "loudness": -16},
                 {
                     "op": "encode",
                     "container": "mp4",
@@ -131,14 +129,27 @@ def variant(name: str, width: int, height: int, assets: dict[str, Path]) -> dict
                 },
             ],
         },
-        "tags": {
-            "campaign": "morning-mug",
-            "locale": "en-GB",
-            "asset_type": "ad",
-            "visibility": "internal",
+        "tags": {"campaign": "morning-mug", "locale": "en-GB", "asset_type": "ad", "visibility": "internal"},
+        "variants": {
+            "aspect": {
+                "16x9": {},
+                "9x16": {"steps": {"fit": {"width": 720, "height": 1280, "mode": "crop"}}},
+                "1x1": {"steps": {"fit": {"width": 720, "height": 720, "mode": "crop"}}},
+            },
+            "locale": {
+                "en-GB": {},
+                "de-DE": {
+                    "steps": {"text": {"text": "Der Morning Mug – nur 9,99 €"}},
+                    "tags": {"locale": "de-DE"},
+                },
+            },
         },
-        "priority": 0,
     }
+
+
+def brief(assets: dict[str, Path]) -> dict[str, object]:
+    """The whole campaign in one file: the master, then every variant made from it."""
+    return {"brief": "morning-mug", "jobs": [generated("mug-gen"), campaign(assets)]}
 
 
 def main() -> int:
@@ -154,23 +165,15 @@ def main() -> int:
     os.environ.update(env)
     sh(str(BIN / "spool"), "init", str(spool), "--asset-root", str(DEMO / "assets"))
 
-    variants = [("mug-ad-16x9", 1280, 720), ("mug-ad-9x16", 720, 1280), ("mug-ad-1x1", 720, 720)]
-    for name, w, h in variants:
-        (subs / f"{name}.json").write_text(json.dumps(variant(name, w, h, assets), indent=2))
-    # Two go in through `spool submit`, one the way other tools drop jobs:
-    # written under a temporary name in incoming/, then renamed to *.json.
-    sh(str(BIN / "spool"), "submit", str(subs / "mug-ad-16x9.json"), str(subs / "mug-ad-9x16.json"))
-    tmp = spool / "incoming" / "mug-ad-1x1.json.tmp"
-    shutil.copyfile(subs / "mug-ad-1x1.json", tmp)
-    os.rename(tmp, spool / "incoming" / "mug-ad-1x1.json")
-    print(f"dropped {tmp.with_suffix('').name} into incoming/", flush=True)
-
-    sim = ProviderSim(token=SIM_TOKEN, work=2.0).start()
+    sim = ProviderSim(token=SIM_TOKEN, work=1.0).start()
     print(f"provider simulator (Replicate API) on {sim.url}", flush=True)
     with open(spool / "spool.toml", "a") as f:
         f.write(provider_table(sim.url))
-    (subs / "mug-gen.json").write_text(json.dumps(generated("mug-gen"), indent=2))
-    sh(str(BIN / "spool"), "submit", str(subs / "mug-gen.json"))
+    # One brief: the master waits for nobody; the six variants wait (waiting/) for it,
+    # are frozen to its published bytes when it publishes, and render.
+    (subs / "morning-mug.json").write_text(json.dumps(brief(assets), indent=2, ensure_ascii=False))
+    sh(str(BIN / "spool"), "submit", str(subs / "morning-mug.json"))
+    sh(str(BIN / "spool"), "status")
     os.environ["DEMO_PROVIDER_TOKEN"] = SIM_TOKEN
     try:
         sh(str(BIN / "spoold"), "run", "--spool", str(spool), "--worker", "demo", "--drain")
@@ -187,8 +190,9 @@ def main() -> int:
     print(flush=True)
     sh(str(BIN / "spool"), "status")
     print(flush=True)
-    for name in [*(v[0] for v in variants), "mug-gen"]:
-        sh(str(BIN / "spool"), "show", f"{name}@1")
+    sh(str(BIN / "spool"), "show", "mug-gen@1")
+    sh(str(BIN / "spool"), "show", "mug-ad@1")  # the parent: every variant and its state
+    sh(str(BIN / "spool"), "show", "mug-ad.9x16.de-de@1")
     print("\nmanifests:", flush=True)
     for m in sorted((spool / "manifests").glob("*.json")):
         data = json.loads(m.read_text())
@@ -197,13 +201,14 @@ def main() -> int:
     # The asset library: find the ads by their tags, then fetch one, verified.
     print(flush=True)
     sh(str(BIN / "spool"), "search", "campaign=morning-mug", "asset_type=ad")
+    sh(str(BIN / "spool"), "search", "campaign=morning-mug", "aspect=9x16", "locale=de-DE")
     downloads = DEMO / "downloads"
     shutil.rmtree(downloads, ignore_errors=True)
     downloads.mkdir()
-    sh(str(BIN / "spool"), "get", "mug-ad-16x9", "--to", str(downloads))
+    sh(str(BIN / "spool"), "get", "mug-ad.16x9.en-gb", "--to", str(downloads))
     print(f"\ndemo finished in {time.monotonic() - started:.1f} s; look around with: ls -R {spool}")
     complete = len(list((spool / "complete").glob("*.json")))
-    return 0 if complete == len(variants) + 1 else 1
+    return 0 if complete == 1 + 3 * 2 else 1
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ harness and the tests run it; ``python3 tools/invariants.py SPOOL`` prints
 the problems and exits 1 if there are any.
 
 ``settled=True`` (the default) checks a spool with no process running: every
-job must then be pending, complete or failed. ``settled=False`` checks a
+job must then be waiting, pending, held, complete or failed, and none may wait
+on an upstream that published or failed (invariant 12). ``settled=False`` checks a
 snapshot taken while daemons may be dead mid-transition (after a SIGKILL),
 where running jobs are allowed.
 """
@@ -20,7 +21,7 @@ import stat
 import sys
 from pathlib import Path
 
-STATES = ("pending", "held", "complete", "failed")
+STATES = ("waiting", "pending", "held", "complete", "failed")
 
 
 def _sha256(path: Path) -> str:
@@ -144,6 +145,9 @@ def check(root: Path, *, settled: bool = True) -> list[str]:
                     if key not in rec:
                         problems.append(f"invariant 6: failure record of {jid} lacks {key}")
 
+    # 12. dependencies: a frozen dependent renders its upstream's published bytes only
+    problems += _dependencies(root, where, settled)
+
     # Section 9. the library index: a complete job is found by each required tag, and
     # (settled) every entry names a job with a manifest.
     problems += _library(root, where, settled)
@@ -156,6 +160,75 @@ def check(root: Path, *, settled: bool = True) -> list[str]:
                 if p.name.startswith(".") and p.name.endswith(".tmp"):
                     problems.append(f"invariant 2: temporary file left in {state}/: {p.name}")
     return problems
+
+
+def _dependencies(root: Path, where: dict[str, list[str]], settled: bool) -> list[str]:
+    """SPEC 11.12, from the job files and manifests alone."""
+    out = []
+    revs: dict[str, dict[int, str]] = {}
+    for jid, states in where.items():
+        name, _, rev = jid.rpartition("@")
+        if rev.isdigit():
+            revs.setdefault(name, {})[int(rev)] = states[0]
+    for jid, states in sorted(where.items()):
+        state = states[0]
+        path = root / state / f"{jid}.json"  # running jobs are "running/<worker>"
+        try:
+            job = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        ups = job.get("upstreams") or []
+        if not ups:
+            continue
+        frozen = all(u.get("sha256") for u in ups)
+        if state == "waiting":
+            if frozen or not settled:
+                continue
+            moved = []
+            for u in ups:
+                ref = u.get("job") or u["ref"]
+                if "@" in ref:
+                    target = ref
+                else:
+                    have = revs.get(ref)
+                    target = f"{ref}@{max(have)}" if have else None
+                tstate = where.get(target, ["gone"])[0] if target else "gone"
+                if tstate not in ("waiting", "pending", "held") and not tstate.startswith("running/"):
+                    moved.append(f"{target} ({tstate})")
+            if len(moved) == len(ups):
+                problems = ", ".join(moved)
+                out.append(f"invariant 12: {jid} still waits although its upstreams are done: {problems}")
+            continue
+        if state == "held":
+            continue
+        if not frozen:
+            out.append(f"invariant 12: {jid} is {state} with sources from other jobs never frozen")
+            continue
+        srcs = {s["role"]: s["sha256"] for s in job["sources"]}
+        for u in ups:
+            try:
+                m = json.loads((root / "manifests" / f"{u['job']}.json").read_text())
+            except (OSError, ValueError, KeyError):
+                out.append(f"invariant 12: {jid}'s upstream {u.get('job')} has no readable manifest")
+                continue
+            if "complete" not in where.get(u["job"], []):
+                out.append(f"invariant 12: {jid}'s upstream {u['job']} is not complete")
+            if m["output"]["sha256"] != u["sha256"] or srcs.get(u["role"]) != u["sha256"]:
+                out.append(f"invariant 12: {jid}'s source {u['role']} is not {u['job']}'s published object")
+            if not str(next((s["path"] for s in job["sources"] if s["role"] == u["role"]), "")).endswith(
+                m["output"]["store_path"]
+            ):
+                out.append(f"invariant 12: {jid}'s source {u['role']} is not {u['job']}'s store file")
+        if state == "complete":
+            try:
+                mine = json.loads((root / "manifests" / f"{jid}.json").read_text())
+            except (OSError, ValueError):
+                continue  # invariant 3 reports it
+            used = {s["role"]: s["sha256"] for s in mine["sources"]}
+            for u in ups:
+                if used.get(u["role"]) != u["sha256"]:
+                    out.append(f"invariant 12: {jid} was published from another {u['role']} than {u['job']}")
+    return out
 
 
 def _encode(value: str) -> str:

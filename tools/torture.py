@@ -1,7 +1,7 @@
 """The kill -9 torture run: many short real renders, daemons and FFmpeg killed at random.
 
     tools/torture [--jobs N] [--kills K] [--workers W] [--seed S] [--keep DIR]
-                  [--generate G] [--mounts A,B,... [--export DIR]]
+                  [--generate G] [--depends D] [--mounts A,B,... [--export DIR]]
 
 It makes a spool with tiny real media, submits N jobs (most render, some are
 meant to fail validation), starts W daemons and then, K times, kills with
@@ -22,6 +22,17 @@ also checks, from the simulator's side, that no job got more predictions than
 it had attempts (a restart or recovery never sends a second create for one
 attempt), and that every published generation is its own job's prediction
 (the bytes the provider made for that job's prompt, by the selected attempt).
+
+With ``--depends D``, D groups of jobs that depend on jobs are mixed in, each submitted as
+one brief (``spool submit``): chains of 3 (a render, one from its output, one from that),
+fan-outs of 12 variants (3 aspects x 4 locales) of one master, and upstreams meant to fail
+with a chain of 2 waiting on them; while the kills run, some chain heads are revised
+(``spool revise``), so a dependent follows the newer revision or stays frozen to the one it
+resolved. At the end each is judged by where its upstreams ended (a kill may fail any render
+for good): a dependent of published upstreams complete (or failed itself), frozen to their
+exact store objects (tools/invariants.py, invariant 12); a dependent of a failed upstream
+held with its hold record; one below a held job still waiting; nothing else in ``waiting/``.
+Across mounts (``--mounts``) the dependents are settled by daemons on different mounts.
 
 It prints one line of figures and exits 0 only if no job was lost, none was
 published twice, no partial file sits at a final path and both checks are
@@ -184,10 +195,12 @@ def _run(args: argparse.Namespace, sim: Any) -> dict[str, object]:
         _submit_generations(lay, args.generate, sim, rng, args.provider_faults) if sim is not None else []
     )
     ids += gen_ids
+    groups = _submit_depends(lay, args.depends, rng) if args.depends else []
     started = time.monotonic()
     workers = [Worker(lay.views[k % len(lay.views)], f"w{k}", lay.logs) for k in range(args.workers)]
     for w in workers:
         w.start()
+    revised = _revise_heads(lay, groups, rng)
     kills, crash_points, damaged = _kill_at_random(workers, lay.spool, rng, args)
     _drain(workers, lay.views[0], args.timeout)
     if args.mounts and not args.export:
@@ -222,6 +235,11 @@ def _run(args: argparse.Namespace, sim: Any) -> dict[str, object]:
         "details": {k: found[k][:10] for k in ("lost", "double", "fsck", "independent")},
     }
     figures["mounts"] = [str(v) for v in lay.views] if args.mounts else []
+    if groups:
+        figures |= _depends_figures(lay.spool, groups, revised)
+        found["lost"] += figures.pop("_lost")  # type: ignore[operator]
+        figures["lost"] = len(found["lost"])
+        figures["details"]["lost"] = found["lost"][:10]  # type: ignore[index]
     if sim is not None:
         figures |= _generation_figures(lay.spool, gen_ids, sim)
     figures["jobs"] = len(ids)
@@ -230,6 +248,7 @@ def _run(args: argparse.Namespace, sim: Any) -> dict[str, object]:
     clean = clean and not adopted.get("adopt_wrong")
     clean = clean and not figures.get("generation_creates_over_attempts")
     clean = clean and not figures.get("generation_wrong_asset")
+    clean = clean and not figures.get("depends_wrong")
     if not args.keep and clean:
         shutil.rmtree(lay.base, ignore_errors=True)
         if args.mounts:
@@ -423,6 +442,166 @@ def _generation_figures(spool: Path, ids: list[str], sim: Any) -> dict[str, obje
     }
 
 
+def _dep_render(name: str, clip: object, lay: Layout, rng: random.Random, **over: object) -> dict[str, Any]:
+    """A tiny render whose clip may be another job's output (``{"job": NAME}``)."""
+    sub: dict[str, Any] = {
+        "name": name,
+        "sources": {"clip": clip},
+        "recipe": {
+            "input": "clip",
+            "steps": [
+                {"op": "trim", "duration": round(rng.uniform(0.3, 0.6), 2)},
+                {"op": "fit", "width": 160, "height": 90, "mode": rng.choice(["pad", "crop"])},
+                {"op": "encode", "preset": "ultrafast"},
+            ],
+        },
+        "tags": TAGS,
+    }
+    sub.update(over)
+    return sub
+
+
+@dataclass
+class Group:
+    """One brief of jobs that depend on jobs: its kind, the job IDs and what each must end as."""
+
+    kind: str  # chain, fanout, failing
+    expect: dict[str, str]  # job ID -> "failed" (meant to fail its gate), else "" (see _end_ok)
+    head: str = ""  # a chain's first job (revised mid-run, maybe)
+
+
+#: A fan-out's matrix: 3 aspects x 4 locales = 12 variants.
+ASPECTS = {
+    "16x9": {},
+    "9x16": {"steps": {"fit": {"width": 90, "height": 160}}},
+    "1x1": {"steps": {"fit": {"width": 96, "height": 96}}},
+}
+LOCALES = ("en-GB", "de-DE", "fr-FR", "es-ES")
+
+
+def _submit_depends(lay: Layout, n: int, rng: random.Random) -> list[Group]:
+    """``n`` briefs, in turn a chain of 3, a fan-out of 12 on a master, and a failing
+    upstream with a chain of 2 on it; each through ``spool submit`` (accepted whole)."""
+    groups = []
+    clip = str(lay.assets / "clip.mp4")
+    for i in range(n):
+        kind = ("chain", "fanout", "failing")[i % 3]
+        p = f"d{i:03d}"
+        if kind == "chain":
+            jobs = [
+                _dep_render(f"{p}-a", clip, lay, rng),
+                _dep_render(f"{p}-b", {"job": f"{p}-a"}, lay, rng),
+                _dep_render(f"{p}-c", {"job": f"{p}-b"}, lay, rng),
+            ]
+            g = Group(kind, {f"{p}-{x}@1": "" for x in "abc"}, head=f"{p}-a@1")
+        elif kind == "fanout":
+            matrix = {"aspect": ASPECTS, "locale": {loc: {"tags": {"locale": loc}} for loc in LOCALES}}
+            jobs = [
+                _dep_render(f"{p}-m", clip, lay, rng),
+                _dep_render(f"{p}-v", {"job": f"{p}-m"}, lay, rng, variants=matrix),
+            ]
+            variants = [f"{p}-v.{a}.{loc.lower()}@1" for a in ASPECTS for loc in LOCALES]
+            g = Group(kind, {f"{p}-m@1": "", **dict.fromkeys(variants, "")})
+        else:
+            jobs = [
+                _dep_render(f"{p}-f", clip, lay, rng, output={"expect": {"width": 7}}),  # fails its gate
+                _dep_render(f"{p}-g", {"job": f"{p}-f"}, lay, rng),
+                _dep_render(f"{p}-h", {"job": f"{p}-g"}, lay, rng),
+            ]
+            g = Group(kind, {f"{p}-f@1": "failed", f"{p}-g@1": "", f"{p}-h@1": ""})
+        path = lay.base / f"{p}.brief.json"
+        path.write_text(json.dumps({"brief": p, "jobs": jobs}))
+        subprocess.run(
+            [SPOOL, "submit", str(path), "--spool", str(lay.views[0])], check=True, stdout=subprocess.DEVNULL
+        )
+        groups.append(g)
+    return groups
+
+
+def _revise_heads(lay: Layout, groups: list[Group], rng: random.Random) -> list[str]:
+    """Half the chains' heads get a new revision while the daemons run (another trim): their
+    dependents follow it if they still wait, or stay frozen to the revision they resolved."""
+    made = []
+    for g in groups:
+        if g.kind != "chain" or rng.random() < 0.5:
+            continue
+        time.sleep(rng.uniform(0.0, 0.3))
+        spec = lay.base / f"{g.head}.recipe.json"
+        recipe = {
+            "input": "clip",
+            "steps": [
+                {"op": "trim", "duration": 0.7},
+                {"op": "fit", "width": 160, "height": 90},
+                {"op": "encode", "preset": "ultrafast"},
+            ],
+        }
+        spec.write_text(json.dumps(recipe))
+        r = subprocess.run(
+            [SPOOL, "revise", g.head, "--spec", str(spec), "--spool", str(lay.views[0]), "--json"],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        if r.returncode == 0:
+            new = g.head.replace("@1", "@2")
+            g.expect[new] = ""
+            made.append(new)
+    return made
+
+
+def _depends_figures(spool: Path, groups: list[Group], revised: list[str]) -> dict[str, object]:
+    """Each dependency group's end, judged from where its upstreams ended (the kills may fail
+    any render for good: FFmpeg killed under a worker with no other alive to take the job):
+    a job whose upstreams all published ended complete or failed, never held or waiting; one
+    whose upstream failed is held with its record, never failed or rendered; one whose
+    upstream is held or waiting still waits. That each is frozen to its upstream's bytes is
+    tools/invariants.py's invariant 12."""
+    wrong: list[str] = []
+    lost: list[str] = []
+    ends: Counter[str] = Counter()
+    for g in groups:
+        for jid, meant in g.expect.items():
+            got = _state(spool, jid)
+            ends[got] += 1
+            if got == "missing":
+                lost.append(jid)
+                continue
+            ok, why = _end_ok(spool, g, jid, got, meant)
+            if not ok:
+                wrong.append(f"{jid}: {got}, {why}")
+            if got == "held" and not (spool / "deps" / "_held" / f"{jid}.json").exists():
+                wrong.append(f"{jid}: held without a hold record")
+    return {
+        "depends_groups": len(groups),
+        "depends_jobs": sum(len(g.expect) for g in groups),
+        "depends_revised": len(revised),
+        "depends_ends": dict(sorted(ends.items())),
+        "depends_wrong": wrong[:10],
+        "_lost": lost,
+    }
+
+
+def _end_ok(spool: Path, g: Group, jid: str, got: str, meant: str) -> tuple[bool, str]:
+    """Whether ``got`` is a right end for ``jid`` given where its upstreams ended."""
+    if meant == "failed":
+        return got == "failed", "meant to fail its gate"
+    path = next(iter(spool.glob(f"*/{jid}.json")), None) or next(
+        iter(spool.glob(f"running/*/{jid}.json")), None
+    )
+    job = json.loads(path.read_text()) if path is not None else {}
+    ups = []
+    for u in job.get("upstreams") or []:
+        target = u.get("job") or max(
+            (j for j in g.expect if j.rpartition("@")[0] == u["ref"]), key=lambda j: int(j.rpartition("@")[2])
+        )
+        ups.append(_state(spool, target))
+    if not ups or all(s == "complete" for s in ups):
+        return got in ("complete", "failed"), "its upstreams published (or it has none)"
+    if any(s == "failed" for s in ups):
+        return got == "held", f"its upstream failed ({ups})"
+    if all(s in ("complete", "held", "waiting") for s in ups):
+        return got == "waiting", f"its upstream waits or is held ({ups})"
+    return False, f"upstreams left in {ups} after the drain"
+
+
 def _kill_at_random(
     workers: list[Worker], spool: Path, rng: random.Random, args: argparse.Namespace
 ) -> tuple[Counter[str], Counter[str], list[str]]:
@@ -613,11 +792,19 @@ def _fsck(spool: Path, *, repair: bool) -> list[dict[str, Any]]:
     return problems
 
 
+#: Where a daemon settling dependents may die (spool.depends): each is in OTHER_POINTS too.
+DEPENDS_POINTS = ("after_resolve_write", "after_hold_record")
+assert set(DEPENDS_POINTS) <= set(OTHER_POINTS)
+
+
 def _maybe_point(rng: random.Random, args: argparse.Namespace) -> str | None:
     """A render path's crash point, or now and then one off it (a quarantine's reason
     written but the file not yet moved; a block written but the job not yet moved on)."""
     if rng.random() >= args.crash_point_rate:
         return None
+    # settling dependents: frozen, or hold record written (tools/powerloss has no --depends)
+    if getattr(args, "depends", 0) and rng.random() < 0.3:
+        return rng.choice(DEPENDS_POINTS)
     return rng.choice(OTHER_POINTS) if rng.random() < 0.2 else rng.choice(POINTS)
 
 
@@ -633,7 +820,7 @@ def _drop_damaged(spool: Path, k: int, rng: random.Random) -> str:
 
 
 def _state(spool: Path, jid: str) -> str:
-    for s in ("pending", "complete", "failed"):
+    for s in ("waiting", "pending", "held", "complete", "failed"):
         if (spool / s / f"{jid}.json").exists():
             return s
     if any((spool / "running").glob(f"*/{jid}.json")):
@@ -643,6 +830,7 @@ def _state(spool: Path, jid: str) -> str:
 
 def _remaining(spool: Path) -> int:
     n = len(list((spool / "pending").glob("*.json"))) + len(list((spool / "running").glob("*/*.json")))
+    n += len(list((spool / "waiting").glob("*.json")))
     return n + len([p for p in (spool / "incoming").iterdir() if p.name.endswith(".json")])
 
 
@@ -677,6 +865,12 @@ def main() -> int:
         help="share of the generation jobs that meet a provider fault chosen at random (0 to 1)",
     )
     ap.add_argument(
+        "--depends",
+        type=int,
+        default=0,
+        help="briefs of jobs that depend on jobs: chains of 3, fan-outs of 12, failing upstreams",
+    )
+    ap.add_argument(
         "--adopt", type=int, default=0, help="clips spool library adopt takes, killed again and again"
     )
     ap.add_argument("--json", action="store_true")
@@ -703,6 +897,12 @@ def main() -> int:
                 if "generations" in f
                 else ""
             )
+            + (
+                f" | depends: groups={f['depends_groups']} jobs={f['depends_jobs']} "
+                f"revised={f['depends_revised']} ends={f['depends_ends']} wrong={len(f['depends_wrong'])}"  # type: ignore[arg-type]
+                if "depends_groups" in f
+                else ""
+            )
         )
         if (
             f["lost"]
@@ -712,9 +912,11 @@ def main() -> int:
             or f["independent_problems"]
             or f.get("generation_creates_over_attempts")
             or f.get("generation_wrong_asset")
+            or f.get("depends_wrong")
         ):
             print(json.dumps(f["details"], indent=2), file=sys.stderr)
             print(json.dumps(f.get("generation_details", []), indent=2), file=sys.stderr)
+            print(json.dumps(f.get("depends_wrong", []), indent=2), file=sys.stderr)
             print(f"spool kept at {f['spool']}", file=sys.stderr)
     bad = (
         f["lost"]
@@ -726,6 +928,7 @@ def main() -> int:
         or f.get("generation_creates_over_attempts")
         or f.get("generation_wrong_asset")
         or f.get("adopt_wrong")
+        or f.get("depends_wrong")
     )
     return 1 if bad else 0
 

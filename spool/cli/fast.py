@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from ..config import Config
 
 #: What ``spool ls`` lists, in its order.
-LS_STATES = ("pending", "held", "running", "complete", "failed", "rejected")
+LS_STATES = ("waiting", "pending", "held", "running", "complete", "failed", "rejected")
 
 
 # -- the commands -----------------------------------------------------------------------
@@ -180,9 +180,12 @@ def submit(files: list[Path], spool: Path | None, as_json: bool) -> None:
             continue
         outcome = accept.submit_file(tree, cfg, f, journal, user)
         if isinstance(outcome, accept.Accepted):
-            results.append({"file": str(f), "job_id": outcome.job.job_id, "error": None})
-            if not as_json:
-                echo(outcome.job.job_id)
+            for job in outcome.jobs:  # a brief or a fan-out makes several
+                results.append(
+                    {"file": str(f), "job_id": job.job_id, "error": None, "state": accept.state_of(job)}
+                )
+                if not as_json:
+                    echo(job.job_id)
         else:
             code = code or EXIT_INVALID
             results.append(

@@ -128,13 +128,26 @@ def revise(
             if not sep or not role or not path:
                 raise InvalidInput("--source", f"{item!r} is not ROLE=PATH")
             extra[role] = path
-        new = intent.revise(tree, cfg, job, value, by or getpass.getuser(), journal, extra, force=force)
+        if intent.fanout_jobs(tree, job) is not None:  # a fan-out's parent: every variant again
+            if extra:
+                raise InvalidInput("--source", "give sources per variant: revise one variant, or submit anew")
+            made = intent.revise_fanout(tree, cfg, job, value, by or getpass.getuser(), journal)
+        else:
+            made = [
+                intent.revise(tree, cfg, job, value, by or getpass.getuser(), journal, extra, force=force)
+            ]
     except SpoolError as exc:
         raise fail(exc, as_json) from None
     if as_json:
-        print_json({"job_id": new.job_id, "supersedes": job})
+        if len(made) == 1:
+            print_json({"job_id": made[0].job_id, "supersedes": job})
+        else:
+            print_json(
+                {"parent": job, "jobs": [{"job_id": j.job_id, "supersedes": j.supersedes} for j in made]}
+            )
     else:
-        typer.echo(new.job_id)
+        for new in made:
+            typer.echo(new.job_id)
 
 
 @app.command()
@@ -179,14 +192,25 @@ def approve(
 
     try:
         tree = open_tree(spool)
-        rec, new = intent.approve(tree, job, by, note, sha256)
+        done = intent.approve_all(tree, job, by, note, sha256)
     except SpoolError as exc:
         raise fail(exc, as_json) from None
     if as_json:
-        print_json({"approval": rec, "new": new})
+        if len(done) == 1 and done[0][0] == job:
+            print_json({"approval": done[0][1], "new": done[0][2]})
+        else:
+            print_json(
+                {"parent": job, "approvals": [{"job_id": j, "approval": r, "new": n} for j, r, n in done]}
+            )
     else:
-        said = f"approved by {printable(rec.by)} (sha256 {rec.sha256[:16]})" + ("" if new else ", already")
-        typer.echo(f"{printable(job)}: {said}")
+        for jid, rec, new in done:
+            if rec is None:
+                typer.echo(f"{printable(jid)}: not approved: not complete yet")
+                continue
+            said = f"approved by {printable(rec.by)} (sha256 {rec.sha256[:16]})" + (
+                "" if new else ", already"
+            )
+            typer.echo(f"{printable(jid)}: {said}")
 
 
 @app.command()
@@ -199,7 +223,20 @@ def hold(job: JobArg, by: ByOpt = None, spool: SpoolOpt = None, as_json: JsonOpt
 
 @app.command()
 def release(job: JobArg, by: ByOpt = None, spool: SpoolOpt = None, as_json: JsonOpt = False) -> None:
-    """Return a held job to pending."""
+    """Return a held job to pending (one waiting for its upstreams to waiting/); a fan-out's
+    parent: every held variant."""
     from .. import intent  # here: spool starts faster without it
 
-    _move(intent.release, job, by, spool, as_json, "pending", "pending (released)")
+    tree, cfg, journal = _journal(spool, as_json)
+    try:
+        done = intent.release_all(tree, job, by or getpass.getuser(), journal, cfg)
+    except SpoolError as exc:
+        raise fail(exc, as_json) from None
+    if as_json:
+        if len(done) == 1 and job in done:
+            print_json({"job_id": job, "state": done[job]})
+        else:
+            print_json({"parent": job, "jobs": [{"job_id": j, "state": st} for j, st in done.items()]})
+    else:
+        for jid, state in done.items():
+            typer.echo(f"{printable(jid)}: {state} (released)")

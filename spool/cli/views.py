@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # records are laid out, never decoded here: `spool status` ne
 
 STATE_STYLE = {
     "incoming": "cyan",
+    "waiting": "magenta",
     "pending": "yellow",
     "running": "blue",
     "complete": "green",
@@ -236,8 +237,72 @@ def _manifest(m: Manifest, thumbnail: str | None) -> list[RenderableType]:
     return out
 
 
+def fanout_view(info: dict[str, Any]) -> Group:
+    """``spool show PARENT`` of a fan-out: its variants with their states."""
+    parts: list[RenderableType] = [
+        Text.assemble(
+            (info["parent"], "bold"),
+            ("  fan-out of ", ""),
+            (str(len(info["variants"])), "bold"),
+            (" variants", ""),
+        )
+    ]
+    parts.append(
+        Text("  axes: " + "; ".join(f"{a['axis']} = {', '.join(a['values'])}" for a in info["axes"]))
+    )
+    parts.append(Text("  " + ", ".join(f"{n} {s}" for s, n in sorted(info["counts"].items()))))
+    parts.append(Text("\nVariants", style="bold"))
+    for r in info["variants"]:
+        line = Text(f"  {r['job']}  ")
+        line.append(r["state"], style=STATE_STYLE.get(r["state"], ""))
+        line.append("  " + " ".join(f"{a['axis']}={r['values'].get(a['axis'])}" for a in info["axes"]))
+        if r["sha256"]:
+            line.append(f"  sha256 {r['sha256'][:12]}", style="dim")
+        if r["approvals"]:
+            line.append(f"  approved x{r['approvals']}", style="green")
+        parts.append(line)
+    return Group(*parts)
+
+
+def _dependencies(info: dict[str, Any]) -> list[RenderableType]:
+    """Upstream and downstream of a job (SPEC 11.12), and why it waits or is held."""
+    parts: list[RenderableType] = []
+    if info.get("parent"):
+        values = " ".join(f"{k}={v}" for k, v in (info.get("variant") or {}).items())
+        parts.append(Text(f"  variant of {info['parent']}: {values}"))
+    if "upstream" not in info:
+        return parts
+    parts.append(Text("\nUpstream", style="bold"))
+    if not info["upstream"]:
+        parts.append(Text("  none", style="dim"))
+    for u in info["upstream"]:
+        line = Text(f"  {u['role']} <- {u['job'] or u['ref']}  ")
+        line.append(u["state"] or "unknown", style=STATE_STYLE.get(u["state"] or "", ""))
+        line.append(f"  (asked: {u['ref']})" if u["ref"] != u["job"] else "")
+        if u["sha256"]:
+            line.append(f"  frozen to sha256 {u['sha256'][:16]}", style="green")
+        parts.append(line)
+    if info.get("waiting_reason"):
+        parts.append(Text(f"  {info['waiting_reason']}", style="magenta"))
+    held = info.get("held_because")
+    if held is not None:
+        parts.append(Text(f"  held: {held.reason}", style="red"))
+        parts.append(Text(f"  next: {held.next_action}"))
+    parts.append(Text("\nDownstream", style="bold"))
+    if not info["downstream"]:
+        parts.append(Text("  none", style="dim"))
+    for d in info["downstream"]:
+        line = Text(f"  {d['job']} ({d['role']})  ")
+        line.append(d["state"] or "unknown", style=STATE_STYLE.get(d["state"] or "", ""))
+        line.append("  frozen to it" if d["frozen"] else "  waits for it")
+        parts.append(line)
+    return parts
+
+
 def show_view(info: dict[str, Any]) -> Group:
     """The whole ``spool show JOB`` page."""
+    if "job" not in info:
+        return fanout_view(info)
     j = info["job"]
     parts: list[RenderableType] = []
     head = Text.assemble((j.job_id, "bold"), ("  ", ""), (info["state"], STATE_STYLE.get(info["state"], "")))
@@ -251,6 +316,7 @@ def show_view(info: dict[str, Any]) -> Group:
     if j.sources:
         parts.append(Text("  sources: " + ", ".join(f"{s.role}={s.path}" for s in j.sources)))
     parts.append(Text("  tags: " + ", ".join(f"{k}={v}" for k, v in sorted(j.tags.items()))))
+    parts.extend(_dependencies(info))
 
     parts.append(Text("\nTimeline", style="bold"))
     if not info["timeline"]:

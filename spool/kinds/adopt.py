@@ -37,10 +37,10 @@ from ..tree import link_or_copy
 from .base import Kind, Produced
 
 if TYPE_CHECKING:
-    from ..accept import Submission
     from ..attempt import Attempt
     from ..config import Config
     from ..context import Context
+    from ..submission import Submission
     from ..tree import Tree
 
 #: File extensions adoption takes, and the container each is published as.

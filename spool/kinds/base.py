@@ -52,13 +52,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 from .. import pools
 from ..errors import InvalidInput
 from ..model import JobBase, ValidationReport, canonical_json
+from ..sourceref import refs
 
 if TYPE_CHECKING:
-    from ..accept import Submission
     from ..attempt import Attempt
     from ..config import Config
     from ..context import Context
     from ..families import Family
+    from ..submission import Submission
     from ..tree import Tree
 
 J = TypeVar("J", bound=JobBase)
@@ -183,7 +184,31 @@ class Kind(abc.ABC, Generic[J]):
         """The part of the job whose hash is ``recipe_hash``."""
 
     def spec_hash(self, job: J) -> str:
-        return hashlib.sha256(canonical_json(self.spec(job))).hexdigest()
+        """sha256 of the spec; a job with sources from other jobs hashes each upstream's
+        pinned job and store object with it (SPEC 11.12), so a frozen dependent's hash
+        names the exact bytes it renders from."""
+        spec = self.spec(job)
+        if job.upstreams:
+            spec = {"spec": spec, "upstreams": [[u.role, u.ref, u.job, u.sha256] for u in job.upstreams]}
+        return hashlib.sha256(canonical_json(spec)).hexdigest()
+
+    def waiting(
+        self, tree: Tree, cfg: Config, sub: Submission, common: dict[str, Any], upstream: set[str]
+    ) -> J:
+        """A job whose sources ``upstream`` (roles) come from other jobs not yet published:
+        check what can be checked without their media, and return the job as it waits in
+        ``waiting/`` (:mod:`spool.depends`). By default a kind takes no such source."""
+        role = sorted(upstream)[0]
+        raise InvalidInput(f"sources.{role}", f"a {self.name} job cannot take a source from another job")
+
+    def upstream_refs(self, tree: Tree, cfg: Config, sub: Submission) -> dict[str, Any]:
+        """The sources of a submission that name other jobs, by role (``spool.depends.SourceRef``)."""
+        return dict(refs(sub.sources))
+
+    def resolve(self, tree: Tree, cfg: Config, waiting: J, sub: Submission, common: dict[str, Any]) -> J:
+        """Freeze a waiting job once its upstreams published: ``sub`` is its submission with
+        each upstream source the upstream's store object. By default, :meth:`freeze` again."""
+        return self.freeze(tree, cfg, sub, common)
 
     def produce(self, ctx: Context, job: J, attempt: Attempt) -> Produced:
         """Make the candidate inside ``attempt.work`` (a ``slot`` kind)."""

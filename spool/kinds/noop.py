@@ -16,10 +16,10 @@ from ..model import Check, Expect, JobBase, Output, ValidationReport
 from .base import Kind, Produced
 
 if TYPE_CHECKING:
-    from ..accept import Submission
     from ..attempt import Attempt
     from ..config import Config
     from ..context import Context
+    from ..submission import Submission
     from ..tree import Tree
 
 

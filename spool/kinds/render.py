@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from .. import cancel, ffcommand, health, layers, recipe, render, store
+from .. import cancel, ffcommand, health, layers, recipe, render, sourceref, store
 from .. import sources as sources_
+from .. import timeline as timeline_
 from ..attempt import drop_partial
 from ..decoding import convert
 from ..errors import Failed, Interrupted, InvalidInput
@@ -27,10 +28,10 @@ from ..validate import validate
 from .base import Kind, Produced
 
 if TYPE_CHECKING:
-    from ..accept import Submission
     from ..attempt import Attempt
     from ..config import Config
     from ..context import Context
+    from ..submission import Submission
     from ..tree import Tree
 
 
@@ -41,6 +42,8 @@ class RenderJob(JobBase, tag="render"):
     layers: list[LayerBox] = msgspec.field(
         default_factory=list
     )  # text/overlay boxes fixed at acceptance (spool.layers); drawn exactly
+    #: The edit the recipe's input names, frozen at acceptance (spool.timeline), if it is one.
+    timeline: timeline_.Timeline | None = None
 
 
 class Render(Kind[RenderJob]):
@@ -68,6 +71,48 @@ class Render(Kind[RenderJob]):
         }
 
     def freeze(self, tree: Tree, cfg: Config, sub: Submission, common: dict[str, Any]) -> RenderJob:
+        return self._freeze(tree, cfg, sub, common, None)
+
+    def resolve(
+        self, tree: Tree, cfg: Config, waiting: RenderJob, sub: Submission, common: dict[str, Any]
+    ) -> RenderJob:
+        """Frozen again once its upstreams published; a timeline stays the one parsed at acceptance."""
+        return self._freeze(tree, cfg, sub, common, waiting)
+
+    def upstream_refs(self, tree: Tree, cfg: Config, sub: Submission) -> dict[str, Any]:
+        """The submission's sources from other jobs, and a timeline's media that are (``spool:``)."""
+        refs: dict[str, Any] = dict(sourceref.refs(sub.sources))
+        rec = sub.recipe
+        edit = sub.sources.get(rec.input) if rec is not None else None
+        if rec is not None and timeline_.is_timeline(edit):
+            path = sources_.resolve(rec.input, edit, cfg.asset_roots(tree.root))
+            refs |= timeline_.job_refs(timeline_.parse(rec.input, path)[1])
+        return refs
+
+    def _edit(
+        self, tree: Tree, cfg: Config, sub: Submission, rec: recipe.Recipe, frozen: RenderJob | None
+    ) -> tuple[timeline_.Timeline | None, Source | None, dict[str, object]]:
+        """A timeline input: (the timeline, its file's source entry, its media texts by role)."""
+        if frozen is not None and frozen.timeline is not None:
+            tl = frozen.timeline
+            media_roles = {i.source for i in tl.items if i.source}
+            texts: dict[str, object] = {s.role: s.path for s in frozen.sources if s.role in media_roles}
+            return tl, frozen.source(tl.role), texts
+        edit = sub.sources.get(rec.input)
+        if not timeline_.is_timeline(edit):
+            return None, None, {}
+        path = sources_.resolve(rec.input, edit, cfg.asset_roots(tree.root))
+        tl, media = timeline_.parse(rec.input, path)
+        for i, st in enumerate(rec.steps):
+            if isinstance(st, recipe.Trim):
+                raise InvalidInput(
+                    f"recipe.steps[{i}]", "trim cannot cut a timeline input; cut it in the edit"
+                )
+        return tl, timeline_.hash_file(rec.input, path), dict(media)
+
+    def _freeze(
+        self, tree: Tree, cfg: Config, sub: Submission, common: dict[str, Any], frozen: RenderJob | None
+    ) -> RenderJob:
         rec = sub.recipe
         if rec is None:
             raise InvalidInput("recipe", "is required but missing")
@@ -75,20 +120,22 @@ class Render(Kind[RenderJob]):
             raise InvalidInput("sources", "is required but missing (declare at least the input clip)")
         recipe.check_roles(rec, set(sub.sources))
         roots = cfg.asset_roots(tree.root)
-        resolved = {role: sources_.resolve(role, text, roots) for role, text in sub.sources.items()}
-        unused = sorted(set(resolved) - rec.roles())
+        tl, tl_source, media = self._edit(tree, cfg, sub, rec, frozen)
+        texts: dict[str, object] = {**media, **dict(sub.sources)}
+        if tl is not None:
+            texts.pop(tl.role, None)
+        resolved = {role: sources_.resolve(role, text, roots) for role, text in texts.items()}
+        media_roles = {i.source for i in tl.items if i.source} if tl is not None else set()
+        unused = sorted(set(sub.sources) - rec.roles() - media_roles)  # an upstream medium comes in sub
         if unused:
             raise InvalidInput(f"sources.{unused[0]}", "is declared but no recipe step uses it; remove it")
-        sources = {role: sources_.describe(role, path, cfg) for role, path in resolved.items()}
+        with sources_.memoized():
+            sources = {role: sources_.describe(role, path, cfg) for role, path in resolved.items()}
+        if tl is not None and tl_source is not None:
+            tl, sources[tl.role] = timeline_.finish(tl, sources, tl_source)
         recipe.check(rec, sources)
 
-        ext = recipe.extension(rec)
-        out_file = sub.output.file or f"{sub.name}{ext}"
-        if not out_file.endswith(ext):
-            raise InvalidInput(
-                "output.file",
-                f"must end with {ext} to match the {rec.encode.container} container",
-            )
+        out_file = _output_file(sub, rec)
         estimate = recipe.estimate_bytes(rec, sources)
         if estimate > cfg.limits.temp_disk_bytes:
             raise InvalidInput(
@@ -111,17 +158,60 @@ class Render(Kind[RenderJob]):
             ),
             estimate_bytes=estimate,
             layers=layers.plan(rec, sources, cfg.layers, cfg.render),  # rejects a label that cannot fit
+            timeline=tl,
         )
         job.recipe_hash = self.spec_hash(job)
         return job
+
+    def waiting(
+        self, tree: Tree, cfg: Config, sub: Submission, common: dict[str, Any], upstream: set[str]
+    ) -> RenderJob:
+        """A render whose input (or overlay, or music, or a timeline's medium) is another job's
+        output: the recipe's roles and every other source are checked, probed and hashed now;
+        what depends on the upstream's media (the recipe's checks, expectations, the layer
+        plan) when it publishes. A timeline is parsed and frozen now."""
+        rec = sub.recipe
+        if rec is None:
+            raise InvalidInput("recipe", "is required but missing")
+        recipe.check_roles(rec, set(sub.sources))
+        tl, tl_source, media = self._edit(tree, cfg, sub, rec, None)
+        unused = sorted(set(sub.sources) - rec.roles())
+        if unused:
+            raise InvalidInput(f"sources.{unused[0]}", "is declared but no recipe step uses it; remove it")
+        roots = cfg.asset_roots(tree.root)
+        texts: dict[str, object] = {**media, **dict(sub.sources)}
+        own = {
+            role: sources_.describe(role, sources_.resolve(role, text, roots), cfg)
+            for role, text in texts.items()
+            if role not in upstream and (tl is None or role != tl.role)
+        }
+        if tl is not None and tl_source is not None:
+            own[tl.role] = tl_source  # hashed now; its picture is known once every medium is
+        out_file = _output_file(sub, rec)
+        return RenderJob(
+            **common,
+            recipe=rec,
+            recipe_hash="",
+            sources=[own[r] for r in sorted(own)],
+            output=Output(
+                file=out_file,
+                container=rec.encode.container,
+                expect=sub.output.expect,
+                stated=sub.output.expect,
+            ),
+            timeline=tl,
+        )
 
     def spec(self, job: RenderJob) -> object:
         """The recipe, and the layer plan frozen with it: both decide what is drawn,
         so an edit to either is caught at claim. A job without layers hashes its
         recipe alone, as jobs always have."""
-        if not job.layers:
+        spec: dict[str, Any] = {"recipe": job.recipe, "layers": job.layers}
+        if job.timeline is not None:
+            spec["timeline"] = job.timeline
+        elif not job.layers:
             return job.recipe
-        return {"recipe": job.recipe, "layers": job.layers}
+        return spec
 
     # -- an attempt ---------------------------------------------------------------
     def produce(self, ctx: Context, job: RenderJob, attempt: Attempt) -> Produced:
@@ -139,6 +229,16 @@ class Render(Kind[RenderJob]):
 KIND = Render()
 
 
+def _output_file(sub: Submission, rec: recipe.Recipe) -> str:
+    ext = recipe.extension(rec)
+    out_file = sub.output.file or f"{sub.name}{ext}"
+    if not out_file.endswith(ext):
+        raise InvalidInput(
+            "output.file", f"must end with {ext} to match the {rec.encode.container} container"
+        )
+    return out_file
+
+
 #: What identifies one version of a source file: inode, size, mtime and ctime.
 Fingerprint = tuple[int, int, int, int]
 
@@ -147,7 +247,12 @@ def rehash_sources(job: RenderJob) -> list[Fingerprint]:
     """Re-hash every source before FFmpeg starts: the queue renders what was
     accepted or nothing. Returns each source's fingerprint, taken before it was
     hashed, for :func:`unchanged_since`."""
-    return [_rehash(src) for src in job.sources]
+    return [_rehash(src) for src in _media(job)]
+
+
+def _media(job: RenderJob) -> list[Source]:
+    """The sources a render reads: not a timeline's file, which was read once, at acceptance."""
+    return [s for s in job.sources if job.timeline is None or s.role != job.timeline.role]
 
 
 def unchanged_since(job: RenderJob, before: list[Fingerprint]) -> None:
@@ -156,7 +261,7 @@ def unchanged_since(job: RenderJob, before: list[Fingerprint]) -> None:
     ctime (and usually mtime and size) even when it restores the bytes, and a
     replacement changes the inode; the hash is taken again for what stat alone
     cannot see (a filesystem with coarse or frozen times)."""
-    for src, fp in zip(job.sources, before, strict=True):
+    for src, fp in zip(_media(job), before, strict=True):
         now_fp = _fingerprint(src)
         if now_fp != fp:
             raise _changed_during(src, f"stat changed ({_what_changed(fp, now_fp)})")
@@ -221,7 +326,12 @@ def _rehash(src: Source) -> Fingerprint:
 def _run_ffmpeg(ctx: Context, job: RenderJob, attempt: Attempt) -> render.RenderOutcome:
     """FFmpeg under the operator's limits, watched for stop, timeout and cancel."""
     cmd = ffcommand.command(
-        job.recipe, {s.role: s for s in job.sources}, job.output.file, ctx.cfg.render, job.layers
+        job.recipe,
+        {s.role: s for s in job.sources},
+        job.output.file,
+        ctx.cfg.render,
+        job.layers,
+        job.timeline,
     )
     first = [True]
 

@@ -11,7 +11,7 @@
 "use strict";
 
 (() => {
-  const STATES = ["incoming", "pending", "held", "running", "complete", "failed", "rejected"];
+  const STATES = ["incoming", "waiting", "pending", "held", "running", "complete", "failed", "rejected"];
   const JOB_ID = /^[a-z0-9][a-z0-9._-]{0,95}@[1-9][0-9]{0,8}$/;
   const THUMB = /^thumbs\/[0-9a-f]{64}\.jpg$/;
   const MAX_DELAY = 60000;
@@ -174,7 +174,32 @@
       .map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
   }
 
+  // A fan-out's parent: its variants as a grid, a row per value of the first axis, each a
+  // poster frame (once published) with its state, linking to the variant's own page.
+  function drawCampaign(d) {
+    const id = `${d.name}@${d.revision}`;
+    document.title = `spool: ${id} (${d.variants.length} variants)`;
+    $("job-id").textContent = id;
+    const badge = $("job-state");
+    badge.textContent = Object.entries(d.counts).map(([s, n]) => `${n} ${s}`).join(", ");
+    badge.className = "badge " + (Object.keys(d.counts).length === 1 ? Object.keys(d.counts)[0] : "");
+    const first = d.axes[0].axis;
+    const rows = d.axes[0].values.map((value) => {
+      const cells = d.variants.filter((v) => v.values[first] === value).map((v) =>
+        h("div", { class: "card variant " + v.state },
+          thumb(v.thumbnail, v.job),
+          h("div", { class: "body" },
+            h("span", { class: "badge " + v.state }, v.state), " ",
+            Object.entries(v.values).map(([k, x]) => `${k}=${x}`).join(" "),
+            v.approvals ? ` (${v.approvals} approved)` : "",
+            h("code", {}, jobLink(v.job)))));
+      return [h("h2", {}, `${first} ${value}`), h("div", { class: "cards campaign" }, cells)];
+    });
+    $("job-body").replaceChildren(...rows.flat());
+  }
+
   function drawJob(d) {
+    if (d.variants) return drawCampaign(d);
     const j = d.job;
     document.title = `spool: ${j.job_id} ${d.state}`;
     $("job-id").textContent = j.job_id;
@@ -188,6 +213,7 @@
       ["priority", String(j.priority)],
       ["operation", j.operation],
       ["supersedes", j.supersedes ? jobLink(j.supersedes) : null],
+      ["variant of", d.parent ? [jobLink(d.parent), " " + Object.entries(d.variant || {}).map(([k, v]) => `${k}=${v}`).join(" ")] : null],
       ["output", j.output.file],
       ["recipe", h("code", {}, j.recipe_hash)],
       ["sources", j.sources.length ? j.sources.map((s) => h("div", {}, s.role + ": ", h("code", {}, s.path))) : null],

@@ -1,0 +1,49 @@
+"""What a submitter writes: the shape of a submission, checked field by field at
+decoding (documented in the README). Acceptance (:mod:`spool.accept`) turns one
+into a frozen job with the help of its kind; the kinds and the dependency resolver
+read it too, which is why it is a module of its own.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+
+from . import recipe
+from .model import Expect
+from .sourceref import SourceRef
+
+Name = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9._-]{0,95}$")]
+Revision = Annotated[int, msgspec.Meta(ge=1, le=999_999_999)]
+TagKey = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_.-]{0,63}$")]
+TagValue = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+FileName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
+User = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._@+-]{1,64}$")]
+PathText = Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+
+
+class OutputRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    file: FileName | None = None
+    expect: Expect = msgspec.field(default_factory=Expect)
+
+
+class Submission(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """What a submitter writes (documented in the README)."""
+
+    name: Name
+    revision: Revision = 1
+    supersedes: str | None = None
+    #: The job's kind (:data:`spool.kinds.KINDS`): ``render`` unless said otherwise.
+    operation: str = "render"
+    #: A path inside the asset roots, or another job's output (spool.depends: ``{"job": ...}``
+    #: or ``{"asset": ...}``).
+    sources: Annotated[dict[recipe.Role, PathText | SourceRef], msgspec.Meta(max_length=32)] = {}
+    recipe: recipe.Recipe | None = None
+    #: A generation's request (``operation = "generate"``; SPEC section 8).
+    #: A generation's spec (provider, model, input), checked by the generate kind.
+    generate: dict[str, Any] | None = None
+    output: OutputRequest = msgspec.field(default_factory=OutputRequest)
+    tags: dict[TagKey, TagValue] = {}
+    priority: Annotated[int, msgspec.Meta(ge=-1000, le=1000)] = 0
+    submitted_by: User | None = None
