@@ -18,7 +18,7 @@ from the tree the lines a cut took (:mod:`spool.fsck`). A torn last line (a cut
 in the middle of a write) is ended with a newline before this process appends,
 so it never swallows the next line.
 
-Line format (documented in the README)::
+Line format (documented in docs/operations.md, "The events journal")::
 
     {"ts":"2026-11-29T20:13:03.123Z","job":"mug@1","from":"pending","to":"running",
      "attempt":1,"worker":"host-a","reason":"claimed"}

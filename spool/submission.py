@@ -1,5 +1,5 @@
 """What a submitter writes: the shape of a submission, checked field by field at
-decoding (documented in the README). Acceptance (:mod:`spool.accept`) turns one
+decoding (documented in docs/jobs.md). Acceptance (:mod:`spool.accept`) turns one
 into a frozen job with the help of its kind; the kinds and the dependency resolver
 read it too, which is why it is a module of its own.
 """
@@ -29,7 +29,7 @@ class OutputRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class Submission(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """What a submitter writes (documented in the README)."""
+    """What a submitter writes (documented in docs/jobs.md)."""
 
     name: Name
     revision: Revision = 1

@@ -1,6 +1,6 @@
 """The demo behind ``tools/demo``: a whole campaign from one brief.
 
-The brief (README "From one brief to every variant") holds a master clip from a "hosted
+The brief (docs/jobs.md, "From one brief to every variant") holds a master clip from a "hosted
 video model" (tools/provsim.py, the Replicate-compatible simulator, started here on
 127.0.0.1: no network, no real token) and a fan-out of the ad in 3 aspects x 2 locales
 whose clip is that master. The variants wait in ``waiting/`` until the master publishes,
@@ -95,7 +95,7 @@ def campaign(assets: dict[str, Path]) -> dict[str, object]:
                 {"op": "fit", "width": 1280, "height": 720, "mode": "pad"},
                 {"op": "fps", "fps": 25},
                 # "social": the safe area of the frame's aspect (9:16 keeps clear of the
-                # bands the apps' own UI covers); see README "Required layers".
+                # bands the apps' own UI covers); see docs/jobs.md, "Required layers".
                 {
                     "op": "overlay",
                     "source": "logo",
