@@ -405,7 +405,7 @@ visible = ["public", "internal"]
 
 [layers]
 # Text and logos must sit inside the safe area, or the job is rejected at submit
-# (README "Required layers"). A fraction kept centred (0.9 = 90 % title-safe) or a
+# (docs/jobs.md, "Required layers"). A fraction kept centred (0.9 = 90 % title-safe) or a
 # preset: title-safe, action-safe, social (picks social-9x16 / -4x5 / -1x1 / -16x9 by aspect).
 safe_area = 0.9
 """
