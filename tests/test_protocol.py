@@ -6,8 +6,8 @@ one path segment's worth, some constrained: ``<n>`` digits, ``<sha256>`` 64 hex;
 ``[optional]`` part may be absent; a pattern ending in ``/`` is a folder). Then one
 spool is driven through every feature by real daemons and the real CLI (render, noop,
 generate against the provider simulator, adopt, a failing job retried, a rejected drop,
-a quarantined damaged job file, hold and release, approve, cancel, enrich, fsck, metrics
-and thumbnails), drained, and every file and folder under its root must match a row.
+a quarantined damaged job file, hold and release, approve, cancel, enrich, verify, fsck,
+metrics and thumbnails), drained, and every file and folder under its root must match a row.
 """
 
 from __future__ import annotations
@@ -204,6 +204,7 @@ def test_every_file_a_drained_spool_holds_is_named_by_the_protocol_table(tree, a
     shutil.copyfile(assets / "clip.mp4", lib / "spot.mp4")
     (lib / "spot.mp4.tags.json").write_text(json.dumps(dict(TAGS, name="spot")))
     assert run_cli("library", "adopt", str(lib), spool=tree).returncode == 0
+    assert run_cli("verify", "--revalidate", ok, spool=tree).returncode == 0
     assert run_cli("fsck", spool=tree).returncode == 0
     assert run_cli("metrics", spool=tree).returncode == 0
     assert list((tree.root / "thumbs").glob("*.jpg")) and list((tree.root / "metrics").glob("*.prom"))
