@@ -53,6 +53,7 @@ PLACEHOLDERS = {
     "tag": r"[^/]+",
     "value": r"[^/]+",
     "rev": r"\d+",
+    "ref": r"[^/]+",
     "provider": r"[^/]+",
     "provider_job_id": r"[^/]+",
     "by": r"[^/]+",
@@ -172,6 +173,9 @@ def test_every_file_a_drained_spool_holds_is_named_by_the_protocol_table(tree, a
     shutil.copyfile(assets / "clip.mp4", assets / "fragile.mp4")
 
     ok = _submit(tree, minimal(assets, name="ok"))
+    # a dependent (waiting/, deps/) and a fan-out's parent (variants/)
+    follower = _submit(tree, minimal(assets, name="follower", sources={"clip": {"job": "ok"}}))
+    _submit(tree, minimal(assets, name="fan", variants={"aspect": {"wide": {}, "tall": {}}}))
     broken = _submit(tree, minimal(assets, name="broken", sources={"clip": str(assets / "fragile.mp4")}))
     os.rename(assets / "fragile.mp4", assets / "fragile.away")  # fails: max_attempts = 1
     gen = _submit(tree, gen_sub("gen-clip"))
@@ -191,7 +195,7 @@ def test_every_file_a_drained_spool_holds_is_named_by_the_protocol_table(tree, a
     os.rename(assets / "fragile.away", assets / "fragile.mp4")  # the operator fixes the cause
     assert run_cli("retry", broken, spool=tree).returncode == 0
     _drain(tree, daemons)
-    for jid in (ok, broken, gen, aside, "nothing@1"):
+    for jid in (ok, broken, gen, aside, "nothing@1", follower, "fan.wide@1", "fan.tall@1"):
         assert (tree.complete / f"{jid}.json").exists(), jid
     assert (tree.failed / f"{dropped}.json").exists()
     assert (tree.rejected / "garbage.json").exists() and (tree.quarantine / "damaged@1.json").exists()
