@@ -37,7 +37,7 @@ import msgspec
 from . import depends, fanout, groupcommit, kinds
 from .arrivals import Arrivals
 from .config import Config
-from .decoding import convert, parse_json
+from .decoding import parse_json
 from .diskfull import is_disk_full
 from .errors import InvalidInput
 from .events import Journal
@@ -86,7 +86,7 @@ Outcome = Accepted | Rejected
 
 def parse_submission(data: bytes, cfg: Config) -> Submission:
     """Bytes -> a typed submission; every problem is an :class:`InvalidInput`."""
-    return convert(_parse_object(data, cfg), Submission)
+    return kinds.parse_submission(_parse_object(data, cfg))
 
 
 def _parse_object(data: bytes, cfg: Config) -> dict[str, Any]:
@@ -285,7 +285,7 @@ def accept_made(
     digest = hashlib.sha256(data).hexdigest()
     entries, fans = fanout.entries(value)
     if len(entries) == 1 and not fans:
-        sub = convert(value, Submission)
+        sub = kinds.parse_submission(value)
         job = build_job(tree, cfg, sub, submitted_by, snap=snap)
         job = msgspec.structs.replace(job, submission_sha256=digest)
         commit(tree, job)
@@ -293,7 +293,7 @@ def accept_made(
     snap = snap if snap is not None else depends.Snapshot(tree)
     built: list[Job] = []
     for e in entries:
-        sub = convert(e.raw, Submission, prefix=e.prefix.rstrip("."))
+        sub = kinds.parse_submission(e.raw, prefix=e.prefix.rstrip("."))
         jid = job_id(sub.name, sub.revision)
         done = _same_submission(tree, jid, digest)
         if done is not None:

@@ -58,7 +58,6 @@ import msgspec
 
 from . import groupcommit, kinds, sources
 from .config import Assets, Config
-from .decoding import convert
 from .errors import InvalidInput
 from .events import Journal, cli_writer
 from .faults import crashpoint
@@ -67,7 +66,6 @@ from .model import JOB_ID_RE, Failure, HoldRecord, Manifest, Upstream, encode, n
 from .records import read
 from .sourceref import refs
 from .status import last_failure, locate, running_workers
-from .submission import Submission
 from .tree import Tree, fsync_dir, make_dirs, replace_existing, temp_name, transfer, write_atomic
 
 log = logging.getLogger("spool.depends")
@@ -381,7 +379,7 @@ def freeze(tree: Tree, cfg: Config, job: Job, targets: Mapping[str, str]) -> Job
     raw = dict(job.request)
     raw["sources"] = {**raw.get("sources", {}), **paths}
     try:
-        sub = convert(raw, Submission)
+        sub = kinds.parse_submission(raw)
         kind = kinds.of(job)
         roots = [*cfg.assets.roots, str(tree.store / "sha256")]
         with_store = msgspec.structs.replace(cfg, assets=Assets(roots=roots))

@@ -6,7 +6,7 @@ read it too, which is why it is a module of its own.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar, cast
 
 import msgspec
 
@@ -29,7 +29,9 @@ class OutputRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class Submission(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """What a submitter writes (documented in docs/jobs.md)."""
+    """What a submitter writes (documented in docs/jobs.md): the fields every submission
+    has. Each kind adds its own one (:func:`for_kind`: a render's ``recipe``, a
+    generation's ``generate``), so a kind owns its schema and acceptance knows none."""
 
     name: Name
     revision: Revision = 1
@@ -39,11 +41,39 @@ class Submission(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: A path inside the asset roots, or another job's output (spool.depends: ``{"job": ...}``
     #: or ``{"asset": ...}``).
     sources: Annotated[dict[recipe.Role, PathText | SourceRef], msgspec.Meta(max_length=32)] = {}
-    recipe: recipe.Recipe | None = None
-    #: A generation's request (``operation = "generate"``; SPEC section 8).
-    #: A generation's spec (provider, model, input), checked by the generate kind.
-    generate: dict[str, Any] | None = None
     output: OutputRequest = msgspec.field(default_factory=OutputRequest)
     tags: dict[TagKey, TagValue] = {}
     priority: Annotated[int, msgspec.Meta(ge=-1000, le=1000)] = 0
     submitted_by: User | None = None
+
+    #: The field of a kind's submission type that holds the kind's own part.
+    spec_field: ClassVar[str | None] = None
+
+    @property
+    def spec(self) -> Any:
+        """The kind's own part, as its kind's ``spec_type`` decoded it (``None``: absent, or a
+        kind without one)."""
+        return getattr(self, self.spec_field) if self.spec_field else None
+
+
+_TYPES: dict[str, type[Submission]] = {}
+
+
+def for_kind(kind: str, spec_field: str | None, spec_type: Any) -> type[Submission]:
+    """The submission type of one kind: every submission's fields and the kind's own field
+    (optional), decoded as ``spec_type``; any other field is refused naming the allowed ones."""
+    if spec_field is None:
+        return Submission
+    known = _TYPES.get(kind)
+    if known is not None:
+        return known
+    made = msgspec.defstruct(
+        f"{kind.title()}Submission",
+        [(spec_field, spec_type | None, None)],
+        bases=(Submission,),
+        kw_only=True,
+        forbid_unknown_fields=True,
+        namespace={"spec_field": spec_field},
+    )
+    _TYPES[kind] = cast(type[Submission], made)
+    return _TYPES[kind]

@@ -95,12 +95,24 @@ def test_noop_job_files_written_before_the_seam_still_decode():
 
 
 def test_an_unknown_operation_is_rejected_naming_the_field(tree: Tree, cfg: Config):
-    sub = accept.parse_submission(
-        json.dumps({"name": "x", "operation": "upscale", "tags": TAGS}).encode(), cfg
-    )
+    # The kind owns the submission's schema, so the operation is known before the rest.
     with pytest.raises(InvalidInput) as exc:
-        accept.build_job(tree, cfg, sub, "t")
+        accept.parse_submission(json.dumps({"name": "x", "operation": "upscale", "tags": TAGS}).encode(), cfg)
     assert exc.value.field == "operation" and "noop, render" in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("operation", "foreign", "own"),
+    [("render", "generate", "recipe"), ("generate", "recipe", "generate"), ("noop", "recipe", None)],
+)
+def test_each_kind_owns_its_field_of_the_submission(cfg: Config, operation, foreign, own):
+    """A kind's own part (Kind.spec_field) is a field of its submission type only: another
+    kind's is refused naming the fields this kind takes (acceptance declares none of them)."""
+    raw = {"name": "x", "operation": operation, "tags": TAGS, foreign: {}}
+    with pytest.raises(InvalidInput) as exc:
+        accept.parse_submission(json.dumps(raw).encode(), cfg)
+    assert exc.value.field == foreign and "is not a known field" in exc.value.problem
+    assert (own is not None and f", {own})" in exc.value.problem) or own is None
 
 
 def test_a_full_pool_does_not_block_another():

@@ -47,7 +47,14 @@ def project(tmp_path: Path) -> Path:
     shutil.copy(ROOT / "pyproject.toml", proj / "pyproject.toml")
     venv = proj / ".venv" / "bin"
     venv.mkdir(parents=True)
-    _script(venv / "python", f'exec {sys.executable} "$@"')
+    # The project's python runs the real interpreter, but a pip install is only recorded:
+    # it would otherwise install into the .venv the tests themselves import spool from
+    # (seen: spool pointed at this temporary project, every later test without spool).
+    _script(
+        venv / "python",
+        f'if [ "$1" = -m ] && [ "$2" = pip ]; then echo "pip $*" >> "$SETUP_ASKED"; exit 0; fi\n'
+        f'exec {sys.executable} "$@"',
+    )
     digest = subprocess.run(
         ["sha256sum", str(proj / "pyproject.toml")], capture_output=True, text=True, check=True
     ).stdout[:64]

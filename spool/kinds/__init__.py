@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from .base import RENDER_POOL, Kind, Produced
     from .generate.spec import GenerateJob
     from .noop import NoopJob
-    from .registry import KINDS, Job, capacities, decode_job, named, of, owner_of_pool
+    from .registry import KINDS, Job, capacities, decode_job, named, of, owner_of_pool, parse_submission
     from .render import RenderJob
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "named",
     "of",
     "owner_of_pool",
+    "parse_submission",
 ]
 
 

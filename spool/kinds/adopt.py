@@ -66,8 +66,6 @@ class Adopt(Kind[AdoptJob]):
         from ..probe import ebml_doctype
         from ..validate import check_probe
 
-        if sub.recipe is not None or sub.generate is not None:
-            raise InvalidInput("recipe" if sub.recipe is not None else "generate", "an adopt job takes none")
         if set(sub.sources) != {ROLE}:
             raise InvalidInput("sources", f"an adopt job takes exactly one source, {ROLE!r}")
         path = sources_.resolve(ROLE, sub.sources[ROLE], cfg.asset_roots(tree.root))

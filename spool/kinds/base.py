@@ -149,6 +149,10 @@ class Kind(abc.ABC, Generic[J]):
     #: How its attempts run: a slot thread calling :meth:`produce`, or the daemon's
     #: driver calling :meth:`step` (see the module docstring).
     runner: ClassVar[Literal["slot", "driven"]] = "slot"
+    #: The submission field that holds this kind's own part, and the type it is decoded
+    #: as (:func:`spool.submission.for_kind`); ``None``: the kind takes none.
+    spec_field: ClassVar[str | None] = None
+    spec_type: ClassVar[Any] = None
 
     def pool(self, data: bytes) -> str:
         """The resource pool an attempt of a job of this kind draws from.

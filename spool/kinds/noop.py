@@ -40,10 +40,8 @@ class Noop(Kind[NoopJob]):
             raise InvalidInput(
                 "operation", "noop jobs are for benchmarks and tests; set [acceptance] allow_noop = true"
             )
-        if sub.sources or sub.recipe is not None:
-            raise InvalidInput(
-                "recipe" if sub.recipe is not None else "sources", "a noop job takes none; remove it"
-            )
+        if sub.sources:
+            raise InvalidInput("sources", "a noop job takes none; remove it")
         job = NoopJob(
             **common,
             recipe_hash="",

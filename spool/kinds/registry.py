@@ -13,8 +13,10 @@ from typing import Any
 import msgspec
 
 from ..config import Config
+from ..decoding import convert
 from ..errors import InvalidInput
 from ..model import JobBase
+from ..submission import Submission, for_kind
 from . import adopt, noop, render
 from .adopt import AdoptJob
 from .base import RENDER_POOL, Kind, Produced
@@ -46,6 +48,7 @@ __all__ = [
     "named",
     "of",
     "owner_of_pool",
+    "parse_submission",
 ]
 
 
@@ -56,6 +59,19 @@ def capacities(cfg: Config) -> dict[str, int]:
     for kind in KINDS.values():
         out.update(kind.pools(cfg))
     return out
+
+
+def parse_submission(raw: dict[str, Any], prefix: str = "") -> Submission:
+    """A submission's JSON object -> its kind's submission type (every submission's fields
+    and the kind's own one); each problem an :class:`InvalidInput` naming the field."""
+    op = raw.get("operation", "render")
+    if not isinstance(op, str):
+        return convert(raw, Submission, prefix=prefix)  # refused, naming "operation"
+    try:
+        kind = named(op)
+    except InvalidInput as exc:
+        raise InvalidInput(f"{prefix}.operation" if prefix else "operation", exc.problem) from None
+    return convert(raw, for_kind(kind.name, kind.spec_field, kind.spec_type), prefix=prefix)
 
 
 def named(operation: str) -> Kind[Any]:

@@ -49,6 +49,8 @@ class RenderJob(JobBase, tag="render"):
 class Render(Kind[RenderJob]):
     name = "render"
     job_type = RenderJob
+    spec_field = "recipe"
+    spec_type = recipe.Recipe
 
     # -- acceptance -------------------------------------------------------------
     def revision(self, job: RenderJob, spec: Any, sources: dict[str, str]) -> dict[str, Any]:
@@ -82,7 +84,7 @@ class Render(Kind[RenderJob]):
     def upstream_refs(self, tree: Tree, cfg: Config, sub: Submission) -> dict[str, Any]:
         """The submission's sources from other jobs, and a timeline's media that are (``spool:``)."""
         refs: dict[str, Any] = dict(sourceref.refs(sub.sources))
-        rec = sub.recipe
+        rec: recipe.Recipe | None = sub.spec
         edit = sub.sources.get(rec.input) if rec is not None else None
         if rec is not None and timeline_.is_timeline(edit):
             path = sources_.resolve(rec.input, edit, cfg.asset_roots(tree.root))
@@ -113,7 +115,7 @@ class Render(Kind[RenderJob]):
     def _freeze(
         self, tree: Tree, cfg: Config, sub: Submission, common: dict[str, Any], frozen: RenderJob | None
     ) -> RenderJob:
-        rec = sub.recipe
+        rec: recipe.Recipe | None = sub.spec
         if rec is None:
             raise InvalidInput("recipe", "is required but missing")
         if not sub.sources:
@@ -170,7 +172,7 @@ class Render(Kind[RenderJob]):
         output: the recipe's roles and every other source are checked, probed and hashed now;
         what depends on the upstream's media (the recipe's checks, expectations, the layer
         plan) when it publishes. A timeline is parsed and frozen now."""
-        rec = sub.recipe
+        rec: recipe.Recipe | None = sub.spec
         if rec is None:
             raise InvalidInput("recipe", "is required but missing")
         recipe.check_roles(rec, set(sub.sources))

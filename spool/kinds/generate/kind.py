@@ -55,6 +55,9 @@ _peek = msgspec.json.Decoder(_PeekJob)
 
 class Generate(Kind[GenerateJob]):
     name = "generate"
+    #: A generation's request (provider, model, input; SPEC section 8), checked by freeze.
+    spec_field = "generate"
+    spec_type = dict[str, Any]
     job_type = GenerateJob
     runner: ClassVar[Literal["slot", "driven"]] = "driven"
 
@@ -79,13 +82,11 @@ class Generate(Kind[GenerateJob]):
 
     # -- acceptance ----------------------------------------------------------------------------
     def freeze(self, tree: Tree, cfg: Config, sub: Submission, common: dict[str, Any]) -> GenerateJob:
-        if sub.generate is None:
+        if sub.spec is None:
             raise InvalidInput("generate", "is required but missing (provider, model and input)")
         # The submission carries it untyped (acceptance knows no kind's spec); the kind
         # checks it here, every problem named by its field (generate.model, ...).
-        spec = convert(sub.generate, GenerateSpec, prefix="generate")
-        if sub.recipe is not None:
-            raise InvalidInput("recipe", "a generate job takes none (generate.input is its spec); remove it")
+        spec = convert(sub.spec, GenerateSpec, prefix="generate")
         if sub.sources:
             raise InvalidInput("sources", "a generate job takes none; remove it")
         known = cfg.provider_configs

@@ -58,8 +58,9 @@ KEEP = 2 * DAY
 _NAME = re.compile(r"^(?P<ts>\d{8}T\d{6}\.\d{6}Z)-")
 
 
-class Submission(msgspec.Struct, kw_only=True):
-    """One create request that was (or is about to be) sent to a provider."""
+class CreateCounted(msgspec.Struct, kw_only=True):
+    """One create request that was (or is about to be) sent to a provider, counted against
+    the allowance (``providers/<name>/submissions/<stamp>-...json``)."""
 
     provider: str
     job: str
@@ -193,7 +194,7 @@ def reserve(
     make_dirs(where)
     name = f"{_stamp(now)}-{HOST}-{os.getpid()}-{secrets.token_hex(4)}.json"
     mine = where / name
-    record = Submission(provider=provider, job=job, key=key, at=_stamp(now), host=HOST, pid=os.getpid())
+    record = CreateCounted(provider=provider, job=job, key=key, at=_stamp(now), host=HOST, pid=os.getpid())
     write_atomic(mine, encode(record), replace=False)
     # Counted by name: the UTC stamps sort as text, so a window is two string
     # comparisons per file and no date is parsed (thousands of creates each list
