@@ -5,7 +5,7 @@ and finishes; then the spool is clean by ``spool fsck`` and by the independent c
 (``tools/invariants.py``, SPEC 11), the job is complete once with one attempt that ended,
 and ``spool get`` hands out the published bytes, verified.
 
-Kinds: ``noop``, ``render`` (FFmpeg), ``generate`` (the provider simulator). Filesystems:
+Kinds: ``noop``, ``render`` (FFmpeg), ``generate`` (the provider simulator), ``still``. Filesystems:
 local disk, tmpfs, and a network mount (sshfs, one folder mounted twice: the job is
 submitted through one mount, run through the other and checked on the server's side).
 A new kind adds a row to :data:`KINDS`; the contract does not change.
@@ -48,11 +48,17 @@ def generate_sub(assets: Path, name: str) -> dict[str, Any]:
     return gen_sub(name, f"lifecycle of {name} {uuid.uuid4().hex}")
 
 
+def still_sub(assets: Path, name: str) -> dict[str, Any]:
+    return {"name": name, "operation": "still", "sources": {"clip": str(assets / "clip.mp4")},
+            "still": {"at": 0.5}, "tags": dict(TAGS)}  # fmt: skip
+
+
 #: kind -> (its submission, a crash point of its own, besides the shared publish path's)
 KINDS: dict[str, tuple[Callable[[Path, str], dict[str, Any]], str]] = {
     "noop": (noop_sub, "after_claim"),
     "render": (render_sub, "mid_render"),
     "generate": (generate_sub, "after_gen_create"),
+    "still": (still_sub, "after_attempt_dir"),
 }
 #: On the publish path every kind shares.
 SHARED_POINT = "after_manifest"

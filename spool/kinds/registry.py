@@ -1,14 +1,17 @@
 """The registry of job kinds: ``operation`` -> the :class:`~spool.kinds.base.Kind` that runs it.
 
-Adding a kind is one new module or folder in :mod:`spool.kinds` (its job record,
-a ``Kind`` subclass and ``KIND = ...``), one line in :data:`KINDS` and one
-member of :data:`Job`; nothing else in spool branches on the kind. ``noop`` is
-the smallest example.
+Adding a kind is one new module or folder in :mod:`spool.kinds`: its job record, a
+``Kind`` subclass and ``KIND = ...`` (in a folder, in its ``kind`` module). The registry
+finds it; nothing else in spool lists or branches on the kinds. ``noop`` is the
+smallest example, ``still`` a small one that renders.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+import pkgutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Union
 
 import msgspec
 
@@ -17,19 +20,39 @@ from ..decoding import convert
 from ..errors import InvalidInput
 from ..model import JobBase
 from ..submission import Submission, for_kind
-from . import adopt, noop, render
 from .adopt import AdoptJob
 from .base import RENDER_POOL, Kind, Produced
-from .generate import kind as generate
 from .generate.spec import GenerateJob
 from .noop import NoopJob
 from .render import RenderJob
 
-#: Every kind spool runs, by the name submissions use as ``"operation"``.
-KINDS: dict[str, Kind[Any]] = {k.name: k for k in (render.KIND, noop.KIND, generate.KIND, adopt.KIND)}
+#: Modules of this package that are not kinds.
+_NOT_KINDS = frozenset({"base", "registry"})
 
-#: A job file of any kind: a tagged union on ``"operation"``.
-Job = RenderJob | NoopJob | GenerateJob | AdoptJob
+
+def _discover() -> list[Kind[Any]]:
+    """Every kind in this package, by name: a module with a ``KIND``, or a folder whose
+    ``kind`` module has one."""
+    found: list[Kind[Any]] = []
+    for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
+        if info.name in _NOT_KINDS or info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{__package__}.{info.name}{'.kind' if info.ispkg else ''}")
+        kind = getattr(module, "KIND", None)
+        if isinstance(kind, Kind):
+            found.append(kind)
+    return sorted(found, key=lambda k: k.name)
+
+
+#: Every kind spool runs, by the name submissions use as ``"operation"``.
+KINDS: dict[str, Kind[Any]] = {k.name: k for k in _discover()}
+
+if TYPE_CHECKING:
+    #: A job file of any kind (what type checkers see: every job's fields).
+    Job = JobBase
+else:
+    #: A job file of any kind: a tagged union on ``"operation"`` of every kind's record.
+    Job = Union[tuple(k.job_type for k in KINDS.values())]  # noqa: UP007 - built at run time
 
 _decoder = msgspec.json.Decoder(Job)
 
