@@ -55,3 +55,25 @@ def test_every_document_a_comment_cites_is_in_the_repository() -> None:
             if not (ROOT / name).exists() and not (ROOT / "docs" / name).exists():
                 missing.append(f"{src.relative_to(ROOT)}: {name}")
     assert missing == []
+
+
+def test_every_command_but_watch_and_serve_takes_json_as_the_docs_say() -> None:
+    """docs/SPEC.md section 10 and docs/jobs.md: every command takes --json but the two
+    whose output is for a person (a live terminal view, the page)."""
+    import click
+    import typer.main
+
+    from spool import cli
+
+    def walk(c: click.Command, path: tuple[str, ...] = ()):  # type: ignore[no-untyped-def]
+        if isinstance(c, click.Group):
+            for name, sub in c.commands.items():
+                yield from walk(sub, (*path, name))
+        else:
+            yield " ".join(path), c
+
+    commands = dict(walk(typer.main.get_command(cli.app)))
+    without = {name for name, c in commands.items() if not any("--json" in p.opts for p in c.params)}
+    assert len(commands) > 20 and without == {"watch", "serve"}
+    for doc in (ROOT / "docs" / "SPEC.md", ROOT / "docs" / "jobs.md"):
+        assert "but `watch`" in doc.read_text(), doc
