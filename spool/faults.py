@@ -46,7 +46,19 @@ OTHER_POINTS = (
     "mid_group_sync",
     # Adoption (spool.adopt): a file's adopt job accepted, not yet claimed.
     "mid_adopt",
+    # Format 2 (issue 25): a publish batch with some jobs moved to complete/, the rest not
+    # yet; the library index's segments merged into entries (durable) but not yet removed,
+    # or compacted into one (durable) with the old ones not yet removed.
+    "mid_complete_batch",
+    "mid_index_merge",
+    "mid_index_compact",
 )
+
+
+def armed(name: str) -> bool:
+    """Whether this process is to die at crash point ``name`` (for a step that must take
+    a slower path to make the point reachable at all, like a batch's concurrent fsyncs)."""
+    return os.environ.get("SPOOL_CRASH_AT") == name
 
 
 def crashpoint(name: str) -> None:

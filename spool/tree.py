@@ -178,7 +178,7 @@ def commit_riders() -> None:
         rider.commit()
 
 
-def fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path, after: Path | None = None) -> None:
     """Make a folder's entries (new names, renames, removals) durable.
 
     The riders (this process's journals) are made durable first: the journal's
@@ -187,12 +187,13 @@ def fsync_dir(path: Path) -> None:
     of a folder) or this thread is in a ``together()`` batch (done when the
     batch ends, before anything is told). Neither can be so unless that module
     was imported, so a command that never imports it (the lean CLI) does not
-    pay for it (threading, its lock)."""
+    pay for it (threading, its lock). ``after``: a folder a batch must fsync first
+    (see :func:`spool.groupcommit.sync_folder`)."""
     if _riders:
         commit_riders()
     gc = sys.modules.get("spool.groupcommit")
     if gc is not None:
-        gc.sync_folder(path)
+        gc.sync_folder(path, after)
         return
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -282,7 +283,7 @@ def rename_durable(src: Path, dst: Path) -> None:
     os.rename(src, dst)
     fsync_dir(dst.parent)
     if src.parent != dst.parent:
-        fsync_dir(src.parent)
+        fsync_dir(src.parent, after=dst.parent)
 
 
 def transfer(src: Path, dst: Path) -> bool:
@@ -322,7 +323,7 @@ def transfer(src: Path, dst: Path) -> bool:
             return False
     fsync_dir(dst.parent)
     if src.parent != dst.parent:
-        fsync_dir(src.parent)
+        fsync_dir(src.parent, after=dst.parent)
     return True
 
 
@@ -524,12 +525,18 @@ class Tree(Value):
         return str(path.relative_to(self.root))
 
     def create(self) -> None:
-        """Create every folder of the tree (idempotent)."""
+        """Create every folder of the tree (idempotent). A new tree gets the newest
+        format (``FORMAT``: :mod:`spool.formats`); an existing one keeps its own."""
+        from . import formats
+
+        fresh = not (self.root / "pending").is_dir() and not formats.path(self.root).exists()
         make_dirs(self.root)
         for name in FOLDERS:
             make_dirs(self.root / name)
         make_dirs(self.store / "sha256")
         self._make_shards()
+        if fresh:
+            formats.write(self.root, formats.CURRENT)
 
     def _make_shards(self) -> None:
         """The store's 256 shard folders ``store/sha256/<aa>/``, made once with one fsync
