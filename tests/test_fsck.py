@@ -14,6 +14,9 @@ import pytest
 from conftest import minimal, run_cli
 
 from spool import accept, claim, execute
+from spool.attempt import staged_result
+from spool.model import Manifest
+from spool.records import read
 
 
 @pytest.fixture()
@@ -81,8 +84,8 @@ def test_complete_without_manifest_is_repaired_from_the_staged_result(done):
     assert code == 0
     [p] = out["problems"]
     assert p["invariant"] == 3 and p["repaired"] and "attempt 1" in p["repair"]
-    staged = (done.attempt_dir("good@1", 1) / "result.json").read_bytes()
-    assert done.manifest_file("good@1").read_bytes() == staged
+    staged = staged_result(done.attempt_dir("good@1", 1))
+    assert staged is not None and read(done.manifest_file("good@1"), Manifest) == staged
     assert invariants.check(done.root) == []
 
 
