@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 import msgspec
 
-from . import groupcommit, kinds, recipe
+from . import formats, groupcommit, kinds, recipe
 from .arrivals import Arrivals
 from .config import Config
 from .decoding import convert, parse_json
@@ -96,6 +96,9 @@ class Submission(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class Accepted:
     job: Job
     path: Path
+    #: The job file's bytes, when this process wrote them (the daemon indexes the new
+    #: job from them, without reading the file again).
+    data: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -175,12 +178,32 @@ def _check_supersedes(tree: Tree, sub: Submission, jid: str) -> None:
 # -- committing ---------------------------------------------------------------------
 
 
-def commit(tree: Tree, job: Job) -> Path:
+def commit(tree: Tree, job: Job, data: bytes | None = None) -> Path:
     """Write the frozen job into ``pending/`` (see the module docstring's order)."""
-    data = encode(job)
+    data = encode(job) if data is None else data
     jid = job.job_id
     _reserve(tree, jid, job.submission_sha256)
     dest = tree.job_file("pending", jid)
+    copy = tree.job_attempts(jid) / JOB_COPY
+    if formats.writing(tree.root) >= 2:
+        # Format 2: the job file is read-only and the copy is its second name: the same
+        # bytes by construction, durable with the job file's own fsync. The copy's name
+        # is durable with the first attempt's number (the claim batch fsyncs attempts/J/).
+        try:
+            write_atomic(dest, data, mode=0o444, replace=False)
+        except FileExistsError:
+            raise InvalidInput("name", f"job {jid} already exists; submit a new revision") from None
+        try:
+            os.link(dest, copy)
+            return dest
+        except FileExistsError:
+            return dest  # a crashed acceptance of these same bytes left its copy (_crashed_acceptance)
+        except OSError as exc:
+            if exc.errno not in NO_LINKS:
+                raise
+        # No hard links here: a copy of its own, fsynced.
+        write_atomic(copy, data, mode=0o444, folder_later=True)
+        return dest
     try:
         write_atomic(dest, data, replace=False)
     except FileExistsError:
@@ -188,8 +211,13 @@ def commit(tree: Tree, job: Job) -> Path:
     # For fsck (issue 11.14). Its folder is fsynced with the first attempt's number
     # (attempt.open_attempt): until then the job file itself is durable in pending/,
     # and the copy only matters once that file has gone missing.
-    write_atomic(tree.job_attempts(jid) / JOB_COPY, data, mode=0o444, folder_later=True)
+    write_atomic(copy, data, mode=0o444, folder_later=True)
     return dest
+
+
+#: errnos of a filesystem that cannot hard-link here (the store's list, kept apart: the
+#: store module is not imported by acceptance).
+NO_LINKS = frozenset({errno.EXDEV, errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EIO, errno.EMLINK})
 
 
 #: The job's frozen copy in its reservation folder (``attempts/<job>/job.json``):
@@ -240,11 +268,17 @@ def _next_revision(tree: Tree, jid: str) -> int:
 
 def accept_bytes(tree: Tree, cfg: Config, data: bytes, submitted_by: str) -> Job:
     """Check and commit one submission; raises :class:`InvalidInput` if rejected."""
+    return _accept(tree, cfg, data, submitted_by)[0]
+
+
+def _accept(tree: Tree, cfg: Config, data: bytes, submitted_by: str) -> tuple[Job, bytes]:
+    """:func:`accept_bytes`, with the job file's bytes."""
     sub = parse_submission(data, cfg)
     job = build_job(tree, cfg, sub, submitted_by)
     job = msgspec.structs.replace(job, submission_sha256=hashlib.sha256(data).hexdigest())
-    commit(tree, job)
-    return job
+    written = encode(job)
+    commit(tree, job, written)
+    return job, written
 
 
 def _already_accepted(tree: Tree, data: bytes) -> Job | None:
@@ -386,7 +420,7 @@ def _accept_or_reject(
 ) -> Outcome:
     from_ = "incoming" if source_path is not None else "submit"
     try:
-        job = accept_bytes(tree, cfg, data, user)
+        job, written = _accept(tree, cfg, data, user)
     except InvalidInput as exc:
         done = _already_accepted(tree, data) if redelivered else None
         if done is not None:
@@ -399,7 +433,7 @@ def _accept_or_reject(
         journal.record(name, "rejected", from_=from_, reason=str(exc))
         return Rejected(exc, rej)
     journal.record(job.job_id, "pending", from_=from_, reason=f"accepted from {name}")
-    return Accepted(job, tree.job_file("pending", job.job_id))
+    return Accepted(job, tree.job_file("pending", job.job_id), written)
 
 
 def _read_submission(path: Path, cfg: Config, shown: str | None = None) -> bytes:
@@ -557,7 +591,7 @@ def accept_incoming(
     taken_of: list[tuple[Outcome, Path]] = []
     held = _Held(journal)
     error: Exception | None = None
-    with groupcommit.together():
+    with groupcommit.together(at_once=True):  # attempts/ and pending/ need no order
         try:
             _accept_batch(tree, cfg, worker, held, limit, arrivals, out, taken_of)
         except Exception as exc:  # a full disk: what was done so far is still told

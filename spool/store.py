@@ -49,10 +49,15 @@ class Stored:
     method: str  # "link", "copy" or "existing"
 
 
-def put(tree: Tree, candidate: Path, ext: str, *, prefer_link: bool = True) -> Stored:
+def put(
+    tree: Tree, candidate: Path, ext: str, *, prefer_link: bool = True, folder_later: bool = False
+) -> Stored:
     """Put a validated file into the store; idempotent for equal content.
 
-    The store half of publishing (:mod:`spool.publish` is the whole path)."""
+    The store half of publishing (:mod:`spool.publish` is the whole path).
+    ``folder_later``: the store folder is not fsynced here; the caller fsyncs it
+    (``stored.path.parent``) before anything names the object (a publish batch
+    fsyncs its objects' folders at once)."""
     digest, size = sha256_file(candidate)
     final = tree.store_file(digest, ext)
     make_dirs(final.parent)
@@ -73,9 +78,10 @@ def put(tree: Tree, candidate: Path, ext: str, *, prefer_link: bool = True) -> S
             if exc.errno not in NO_LINKS:
                 raise
         else:
-            fsync_dir(final.parent)
+            if not folder_later:
+                fsync_dir(final.parent)
             return Stored(digest, size, final, "link")
-    _copy_verified(candidate, final, digest)
+    _copy_verified(candidate, final, digest, folder_later=folder_later)
     return Stored(digest, size, final, "copy")
 
 
@@ -86,7 +92,7 @@ def _same_object(final: Path, size: int) -> bool:
         return False
 
 
-def _copy_verified(src: Path, final: Path, digest: str) -> None:
+def _copy_verified(src: Path, final: Path, digest: str, *, folder_later: bool = False) -> None:
     tmp = final.parent / temp_name(final.name)
     try:
         with open(src, "rb") as fin, open(tmp, "xb") as fout:
@@ -105,7 +111,8 @@ def _copy_verified(src: Path, final: Path, digest: str) -> None:
         except OSError:
             pass
         raise
-    fsync_dir(final.parent)
+    if not folder_later:
+        fsync_dir(final.parent)
 
 
 def objects(tree: Tree) -> Iterator[Path]:
