@@ -52,6 +52,9 @@ OTHER_POINTS = (
     "mid_complete_batch",
     "mid_index_merge",
     "mid_index_compact",
+    # spool migrate (spool.migrate): format 2's merged entries durable, the format 1
+    # records they replace not yet removed.
+    "mid_migrate",
 )
 
 

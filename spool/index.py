@@ -270,38 +270,40 @@ class Snapshot:
         return got
 
     def revisions(self, name: str) -> list[int]:
+        # Format 1's records before the merged entries: spool migrate creates these, then
+        # removes those (segments -> merged entries is the same order, kept by __init__).
         revs = set(self.view.revisions(name))
-        revs |= segments.merged_revisions(self.tree, name, self._shard(name))
         try:
             v1 = os.listdir(f"{self.tree.root}/{LIBRARY}/{name}")  # a str path: hot in search
         except (FileNotFoundError, NotADirectoryError):
             v1 = []
         revs |= {int(n) for n in v1 if n.isdigit()}
+        revs |= segments.merged_revisions(self.tree, name, self._shard(name))
         return sorted(revs)
 
     def is_indexed(self, job_id: str) -> bool:
         if job_id in self.view.by_job:
             return True
         name, rev = split_job_id(job_id)
-        return f"{name}@{rev}" in self._shard(name) or version_file(self.tree, name, rev).exists()
+        return version_file(self.tree, name, rev).exists() or f"{name}@{rev}" in self._shard(name)
 
     def entries(self, tag: str, value: str) -> set[str]:
         found = self.view.of_object(value) if tag == OBJECT_TAG else self.view.tagged(tag, value)
-        if tag == OBJECT_TAG:
-            found |= segments.merged_object_jobs(self.tree, value)
         try:
             found |= set(os.listdir(tag_dir(self.tree, tag, value)))
         except (FileNotFoundError, NotADirectoryError):
             pass
+        if tag == OBJECT_TAG:  # merged last (see revisions())
+            found |= segments.merged_object_jobs(self.tree, value)
         return found
 
     def names(self) -> list[str]:
-        out = self.view.names() | set(segments.merged_names(self.tree))
+        out = self.view.names()
         try:
             out |= {n for n in os.listdir(library_root(self.tree)) if not n.startswith(".")}
         except FileNotFoundError:
             pass
-        return sorted(out)
+        return sorted(out | set(segments.merged_names(self.tree)))  # merged last: see revisions()
 
     def version(self, name: str, revision: int) -> VersionEntry | None:
         line = self.view.by_job.get(f"{name}@{revision}")
@@ -311,14 +313,14 @@ class Snapshot:
                 store_path=line.store_path, published_at=line.published_at,
                 indexed_at=line.indexed_at, media=line.media,
             )  # fmt: skip
-        entry = segments.merged_version(self.tree, name, revision)
+        try:  # format 1's record before the merged entry (see revisions())
+            return decode(version_file(self.tree, name, revision).read_bytes(), VersionEntry)
+        except (OSError, ValueError):
+            pass
         try:
-            indexed = entry.stat().st_mtime
+            indexed = segments.merged_version(self.tree, name, revision).stat().st_mtime
         except OSError:
-            try:
-                return decode(version_file(self.tree, name, revision).read_bytes(), VersionEntry)
-            except (OSError, ValueError):
-                return None
+            return None
         from .records import read
 
         m = read(self.tree.manifest_file(f"{name}@{revision}"), Manifest)

@@ -262,8 +262,9 @@ def merged_entries(tree: Tree) -> Iterator[tuple[str, str]]:
                 yield "versions", n
 
 
-def _touch(path: Path) -> None:
-    """An empty entry (no fsync here: :func:`merge` fsyncs each folder once)."""
+def touch(path: Path) -> None:
+    """An empty entry; its folder's fsync is recorded (inside a group-commit batch, as
+    :func:`merge` and :mod:`spool.migrate` call it, done once at the batch's end)."""
     make_dirs(path.parent)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
@@ -307,7 +308,7 @@ def merge(
             if manifests_only and not tree.manifest_file(x.job_id).exists():
                 continue
             for p in entry_paths(tree, x, tag_dir):
-                _touch(p)
+                touch(p)
         for x in jobs.values():  # when indexed: the segment's time, kept as the entry's mtime
             ts = x.indexed_at.timestamp()
             try:
