@@ -47,7 +47,7 @@ class Report:
     now: int
     versions: int = 0  # format 1 version records converted
     objects: int = 0  # format 1 entries by object removed with them
-    left: list[str] = field(default_factory=list)  # records kept: no manifest justifies them (fsck judges them)
+    left: list[str] = field(default_factory=list)  # kept: no manifest justifies them (fsck judges)
 
 
 def _listdir(path: Path) -> list[str]:
