@@ -1,7 +1,7 @@
 """tools/bench: spool side by side with the queues people would pick instead, and
 with the machine's limits (issue 7). Run it through ``tools/bench``.
 
-    tools/bench [all|dispatch|latency|render|publish|scale|library|syscalls|nas]
+    tools/bench [all|dispatch|latency|render|publish|scale|library|syscalls|nas|nasdispatch]
                 [--quick|--smoke] [--json FILE] [--markdown] [--huge]
 
 Prints ONE table: each measure, spool's figure, a peer's figure (or the
@@ -32,7 +32,7 @@ from benchlib.common import Row, log, notes, rows_json, table
 
 MEASURES = ("dispatch", "latency", "render", "publish", "scale", "library", "syscalls")
 #: Measures run only when named: ``nas`` needs root and FUSE (tools/multimount).
-EXTRA = ("nas",)
+EXTRA = ("nas", "nasdispatch")
 
 
 def run_measure(name: str, mode: str) -> tuple[list[Row], list[str]]:
@@ -65,6 +65,10 @@ def run_measure(name: str, mode: str) -> tuple[list[Row], list[str]]:
         from benchlib import nas
 
         return nas.run(mode)
+    if name == "nasdispatch":
+        from benchlib import nasdispatch
+
+        return nasdispatch.run(mode)
     if name == "library":
         from benchlib import library
 

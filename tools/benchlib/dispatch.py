@@ -104,34 +104,39 @@ def _spool(kind: str, workers: int, n: int, max_active: int = 1, fmt: int = 2) -
     """spool's run; ``fmt=1``: the tree of format 1 (no FORMAT file: a spool made before
     issue 25), which the daemons write in the old layout, for the side-by-side rows."""
     with scratch(kind, "dispatch-spool") as d:
-        root = make_spool(
-            d / "spool",
-            noop_settings(limits={"max_active": max_active}),
-            fmt=fmt,
+        return spool_at(d, workers, n, max_active, fmt)
+
+
+def spool_at(d: Path, workers: int, n: int, max_active: int = 1, fmt: int = 2) -> Run:
+    """One spool run in the empty folder ``d`` (a scratch folder, or one on a mount)."""
+    root = make_spool(
+        d / "spool",
+        noop_settings(limits={"max_active": max_active}),
+        fmt=fmt,
+    )
+    subs = [(f"noop-{i:06d}", noop_submission(f"noop-{i:06d}")) for i in range(n)]
+    t0 = time.perf_counter()
+    for name, data in subs:
+        drop_submission(root, name, data)
+    enqueue = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    procs = [
+        start(
+            [SPOOLD, "run", "--spool", str(root), "--worker", f"bench{k}", "--drain"],
+            log_path=d / f"spoold-{k}.log",
         )
-        subs = [(f"noop-{i:06d}", noop_submission(f"noop-{i:06d}")) for i in range(n)]
-        t0 = time.perf_counter()
-        for name, data in subs:
-            drop_submission(root, name, data)
-        enqueue = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        procs = [
-            start(
-                [SPOOLD, "run", "--spool", str(root), "--worker", f"bench{k}", "--drain"],
-                log_path=d / f"spoold-{k}.log",
-            )
-            for k in range(workers)
-        ]
-        wait_all(procs, timeout=600, what="spoold --drain")
-        wall = time.perf_counter() - t1
-        done = count_json(root / "complete")
-        if done != n or any(p.returncode for p in procs):
-            tail = (d / "spoold-0.log").read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"spool completed {done} of {n} no-op jobs; spoold log ends:\n{tail}")
-        evs = events(root)
-        first = min(e["t"] for e in evs)
-        last = max(e["t"] for e in evs if e.get("to") == "complete")
-        return Run(n, enqueue, last - first, wall)
+        for k in range(workers)
+    ]
+    wait_all(procs, timeout=600, what="spoold --drain")
+    wall = time.perf_counter() - t1
+    done = count_json(root / "complete")
+    if done != n or any(p.returncode for p in procs):
+        tail = (d / "spoold-0.log").read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"spool completed {done} of {n} no-op jobs; spoold log ends:\n{tail}")
+    evs = events(root)
+    first = min(e["t"] for e in evs)
+    last = max(e["t"] for e in evs if e.get("to") == "complete")
+    return Run(n, enqueue, last - first, wall)
 
 
 def _worker_window(outs: list[Path]) -> tuple[float, float, int]:
