@@ -186,11 +186,13 @@ def commit(tree: Tree, job: Job, data: bytes | None = None) -> Path:
     dest = tree.job_file("pending", jid)
     copy = tree.job_attempts(jid) / JOB_COPY
     if formats.writing(tree.root) >= 2:
-        # Format 2: the job file is read-only and the copy is its second name: the same
-        # bytes by construction, durable with the job file's own fsync. The copy's name
-        # is durable with the first attempt's number (the claim batch fsyncs attempts/J/).
+        # Format 2: the copy is the job file's second name: the same bytes by construction,
+        # durable with the job file's own fsync (and its mode: a job file stays a record
+        # others may replace by rename, group-writable on a shared spool; an edit in place
+        # is caught by its recipe_hash wherever it is read). The copy's name is durable
+        # with the first attempt's number (the claim batch fsyncs attempts/J/).
         try:
-            write_atomic(dest, data, mode=0o444, replace=False)
+            write_atomic(dest, data, replace=False)
         except FileExistsError:
             raise InvalidInput("name", f"job {jid} already exists; submit a new revision") from None
         try:
@@ -221,8 +223,8 @@ NO_LINKS = frozenset({errno.EXDEV, errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP,
 
 
 #: The job's frozen copy in its reservation folder (``attempts/<job>/job.json``):
-#: the same bytes as the job file, read-only, written by the acceptor whose job
-#: file won. ``spool fsck`` restores a job file that went missing from every
+#: the same bytes as the job file, read-only (format 2: a hard link of the job file),
+#: written by the acceptor whose job file won. ``spool fsck`` restores a job file that went missing from every
 #: state folder from it.
 JOB_COPY = "job.json"
 
