@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from . import depends, fanout, groupcommit, kinds
+from . import depends, fanout, formats, groupcommit, kinds
 from .arrivals import Arrivals
 from .config import Config
 from .decoding import parse_json
@@ -51,7 +51,7 @@ from .model import (
 from .secrets import redact
 from .status import load_job, locate, read
 from .submission import Submission
-from .tree import Tree, fsync_dir, is_visible, make_dirs, rename_durable, write_atomic
+from .tree import NO_LINKS, Tree, fsync_dir, is_visible, make_dirs, rename_durable, write_atomic
 from .visibility import nfc
 
 if TYPE_CHECKING:
@@ -70,6 +70,10 @@ class Accepted:
     @property
     def jobs(self) -> tuple[Job, ...]:
         return self.more or (self.job,)
+
+    #: The job file's bytes, when this process wrote them (the daemon indexes the new
+    #: job from them, without reading the file again).
+    data: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -186,10 +190,11 @@ def _check_supersedes(tree: Tree, sub: Submission, jid: str) -> None:
 # -- committing ---------------------------------------------------------------------
 
 
-def commit(tree: Tree, job: Job) -> Path:
+def commit(tree: Tree, job: Job, data: bytes | None = None) -> Path:
     """Write the frozen job into ``pending/`` (see the module docstring's order); a job
-    still waiting for an upstream into ``waiting/``, after its reverse index entries."""
-    data = encode(job)
+    still waiting for an upstream into ``waiting/``, after its reverse index entries.
+    ``data``: the job file's bytes, when the caller has them already."""
+    data = encode(job) if data is None else data
     jid = job.job_id
     _reserve(tree, jid, job.submission_sha256)
     state = state_of(job)
@@ -198,6 +203,28 @@ def commit(tree: Tree, job: Job) -> Path:
         if not tree.waiting.is_dir():
             make_dirs(tree.waiting)
     dest = tree.job_file(state, jid)
+    copy = tree.job_attempts(jid) / JOB_COPY
+    if formats.writing(tree.root) >= 2:
+        # Format 2: the copy is the job file's second name: the same bytes by construction,
+        # durable with the job file's own fsync (and its mode: a job file stays a record
+        # others may replace by rename, group-writable on a shared spool; an edit in place
+        # is caught by its recipe_hash wherever it is read). The copy's name is durable
+        # with the first attempt's number (the claim batch fsyncs attempts/J/).
+        try:
+            write_atomic(dest, data, replace=False)
+        except FileExistsError:
+            raise InvalidInput("name", f"job {jid} already exists; submit a new revision") from None
+        try:
+            os.link(dest, copy)
+            return dest
+        except FileExistsError:
+            return dest  # a crashed acceptance of these same bytes left its copy (_crashed_acceptance)
+        except OSError as exc:
+            if exc.errno not in NO_LINKS:
+                raise
+        # No hard links here: a copy of its own, fsynced.
+        write_atomic(copy, data, mode=0o444, folder_later=True)
+        return dest
     try:
         write_atomic(dest, data, replace=False)
     except FileExistsError:
@@ -205,7 +232,7 @@ def commit(tree: Tree, job: Job) -> Path:
     # For fsck (issue 11.14). Its folder is fsynced with the first attempt's number
     # (attempt.open_attempt): until then the job file itself is durable in pending/,
     # and the copy only matters once that file has gone missing.
-    write_atomic(tree.job_attempts(jid) / JOB_COPY, data, mode=0o444, folder_later=True)
+    write_atomic(copy, data, mode=0o444, folder_later=True)
     return dest
 
 
@@ -215,8 +242,8 @@ def state_of(job: Job) -> str:
 
 
 #: The job's frozen copy in its reservation folder (``attempts/<job>/job.json``):
-#: the same bytes as the job file, read-only, written by the acceptor whose job
-#: file won. ``spool fsck`` restores a job file that went missing from every
+#: the same bytes as the job file, read-only (format 2: a hard link of the job file),
+#: written by the acceptor whose job file won. ``spool fsck`` restores a job file that went missing from every
 #: state folder from it.
 JOB_COPY = "job.json"
 
@@ -497,7 +524,11 @@ def _accept_or_reject(
         journal.record(job.job_id, state_of(job), from_=from_, reason=why)
     jobs = tuple(job for job, _ in made)
     last = jobs[-1]
-    return Accepted(last, tree.job_file(state_of(last), last.job_id), more=jobs if len(jobs) > 1 else ())
+    # The daemon indexes a single new pending job from these bytes, without reading it back.
+    written = encode(last) if len(jobs) == 1 and last.resolved else None
+    return Accepted(
+        last, tree.job_file(state_of(last), last.job_id), more=jobs if len(jobs) > 1 else (), data=written
+    )
 
 
 def _read_submission(path: Path, cfg: Config, shown: str | None = None) -> bytes:
@@ -655,7 +686,7 @@ def accept_incoming(
     taken_of: list[tuple[Outcome, Path]] = []
     held = _Held(journal)
     error: Exception | None = None
-    with groupcommit.together():
+    with groupcommit.together(at_once=True):  # attempts/ and pending/ need no order
         try:
             _accept_batch(tree, cfg, worker, held, limit, arrivals, out, taken_of)
         except Exception as exc:  # a full disk: what was done so far is still told

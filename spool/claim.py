@@ -246,6 +246,16 @@ class PendingIndex:
             if key is not None:
                 bisect.insort(self._sorted, key)
 
+    def note_accepted(self, jid: str, data: bytes) -> None:
+        """A job this process has just accepted, indexed from the bytes it wrote (no
+        second read of the file it just made)."""
+        if jid in self._keys:
+            return
+        self._unread_set.add(jid)
+        key = self._merge(jid, self._parse(data, jid))
+        if key is not None:
+            bisect.insort(self._sorted, key)
+
     def _load_all(self, jids: list[str]) -> list[tuple[str, _Loaded]]:
         out = []
         for jid in jids:
@@ -259,13 +269,20 @@ class PendingIndex:
         """Read one job file's order fields (runs in a reader thread: no index state)."""
         try:
             data = read_regular(self.tree.job_file("pending", jid))
-            order = msgspec.json.decode(data, type=_Order)
-        except (NotRegular, msgspec.DecodeError, msgspec.ValidationError):
+        except NotRegular:
             return _Loaded(None, damaged=True)
         except OSError as exc:
             # A symbolic link (O_NOFOLLOW) is damage; otherwise gone already, or a
             # NAS hiccup: the next scan tells.
             return _Loaded(None, damaged=exc.errno == errno.ELOOP)
+        return self._parse(data, jid)
+
+    @staticmethod
+    def _parse(data: bytes, jid: str) -> _Loaded:
+        try:
+            order = msgspec.json.decode(data, type=_Order)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return _Loaded(None, damaged=True)
         ts = order.submitted_at.timestamp() if order.submitted_at else 0.0
         kind = kinds.KINDS.get(order.operation)
         pool = kind.pool(data) if kind is not None else pools.RENDER  # claiming judges the rest

@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from . import blocklist, cancel, kinds, quarantine, retry
+from . import blocklist, cancel, formats, kinds, quarantine, retry
 from .attempt import Attempt, drop_partial, open_attempt, write_failure
 from .context import Context
 from .errors import Deferred, Failed, Interrupted, LostOwnership
@@ -33,11 +33,24 @@ from .events import Journal
 from .faults import crashpoint
 from .kinds.base import Produced
 from .model import BlockEntry, Failure, Interruption, JobBase, ValidationReport, now
-from .publish import publish
+from .publish import Ready, prepare, publish
 from .secrets import redact
 from .tree import HOST, transfer
 
-__all__ = ["Context", "Journal", "end_attempt", "execute", "finish", "scrub", "start"]
+__all__ = [
+    "Context",
+    "Journal",
+    "end_attempt",
+    "execute",
+    "finish",
+    "gate",
+    "load_claimed",
+    "open_claimed",
+    "run_to_ready",
+    "scrub",
+    "start",
+    "started",
+]
 
 log = logging.getLogger("spool.execute")
 
@@ -60,37 +73,90 @@ def execute(ctx: Context, job_id: str) -> str:
     return "complete"
 
 
-def start(ctx: Context, job_id: str) -> tuple[JobBase, Attempt] | str:
+def start(ctx: Context, job_id: str, *, durable: bool | None = None) -> tuple[JobBase, Attempt] | str:
     """Open the attempt of a job this worker has just claimed (the same for every kind
-    and runner), or the outcome if it can never run (``quarantined``, ``lost``)."""
-    path = ctx.tree.job_file("running", job_id, ctx.worker)
-    try:
-        job = quarantine.load(path)  # integrity first: an edited job file is never run
-    except quarantine.Damaged as damage:
-        return _quarantine(ctx, job_id, damage)
-    except OSError:
+    and runner), or the outcome if it can never run (``quarantined``, ``lost``).
+
+    ``durable``: whether the attempt's record is fsynced before it starts (format 1
+    always; format 2 only where asked: a driven kind's attempt writes durable states
+    of its own into it). See :mod:`spool.attempt`."""
+    loaded = load_claimed(ctx, job_id)
+    if isinstance(loaded, quarantine.Damaged):
+        return _quarantine(ctx, job_id, loaded)
+    if loaded is None:
         return "lost"  # gone from running/W: taken over meanwhile
-    attempt = open_attempt(ctx.tree, job_id, ctx.worker)
+    attempt = open_claimed(ctx, job_id, durable=durable)
     crashpoint("after_attempt_dir")
+    started(ctx, job_id, attempt)
+    return loaded, attempt
+
+
+def load_claimed(ctx: Context, job_id: str) -> JobBase | quarantine.Damaged | None:
+    """A claimed job file, checked first (an edited job file is never run): the job, why
+    it can never run, or ``None`` when it left ``running/<me>/`` meanwhile."""
+    try:
+        return quarantine.load(ctx.tree.job_file("running", job_id, ctx.worker))
+    except quarantine.Damaged as damage:
+        return damage
+    except OSError:
+        return None
+
+
+def open_claimed(ctx: Context, job_id: str, *, durable: bool | None = None) -> Attempt:
+    """The attempt of a claim (see :func:`start` for ``durable``); inside the daemon's
+    claim batch, its folder's fsync is the batch's."""
+    if durable is None:
+        durable = formats.writing(ctx.tree.root) == 1
+    return open_attempt(ctx.tree, job_id, ctx.worker, durable=durable)
+
+
+def started(ctx: Context, job_id: str, attempt: Attempt) -> None:
+    """Tell that an attempt started (once its claim and folder are durable)."""
     ctx.journal.record(job_id, "running", from_="pending", attempt=attempt.n, reason="claimed")
     log.info("%s: attempt %d started", job_id, attempt.n)
-    return job, attempt
+
+
+def quarantined(ctx: Context, job_id: str, damage: quarantine.Damaged) -> str:
+    """A claimed job file that can never run leaves the queue (outside any batch: its
+    reason is durable before the move)."""
+    return _quarantine(ctx, job_id, damage)
 
 
 def finish(ctx: Context, job: JobBase, attempt: Attempt, made: Produced) -> None:
     """A candidate exists: the kind's gate, then the one publish path (the same for
     every kind and runner). Raises the ending, as producing does."""
-    kind = kinds.of(job)
-    report = kind.check(ctx.cfg, job, made.path, attempt.dir / "validate.log")
+    report = gate(ctx, job, attempt, made)
+    publish(
+        ctx, job, attempt, made.path, report, made.seconds,
+        on_stage=kinds.of(job).stages(ctx, job, attempt, made.path),
+    )  # fmt: skip
+
+
+def gate(ctx: Context, job: JobBase, attempt: Attempt, made: Produced) -> ValidationReport:
+    """The kind's validation gate on a candidate, and a last look for a cancel request:
+    the report of a candidate that may be published; raises otherwise."""
+    report = kinds.of(job).check(ctx.cfg, job, made.path, attempt.dir / "validate.log")
     crashpoint("after_validation")
     # A validated output is not published once cancelled.
     cancel.raise_if_cancelled(ctx.tree, job.job_id, attempt.n, ctx.worker)
     if not report.ok:
         raise validation_failure(report)
-    publish(
-        ctx, job, attempt, made.path, report, made.seconds,
-        on_stage=kind.stages(ctx, job, attempt, made.path),
-    )  # fmt: skip
+    return report
+
+
+def run_to_ready(ctx: Context, job: JobBase, attempt: Attempt) -> Ready | str:
+    """A slot kind's attempt up to its publish (format 2's daemon commits it in a batch,
+    :func:`spool.publish.commit`): the prepared publish, or how it ended short of one."""
+    try:
+        cancel.raise_if_cancelled(ctx.tree, job.job_id, attempt.n, ctx.worker)
+        made = kinds.of(job).produce(ctx, job, attempt)
+        report = gate(ctx, job, attempt, made)
+        return prepare(
+            ctx, job, attempt, made.path, report, made.seconds,
+            on_stage=kinds.of(job).stages(ctx, job, attempt, made.path),
+        )  # fmt: skip
+    except (Failed, Interrupted, Deferred, LostOwnership, OSError) as exc:
+        return end_attempt(ctx, job, attempt, exc)
 
 
 def end_attempt(ctx: Context, job: JobBase, attempt: Attempt, exc: BaseException) -> str:

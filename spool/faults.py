@@ -50,7 +50,22 @@ OTHER_POINTS = (
     # its hold record written, the job not yet moved to held/.
     "after_resolve_write",
     "after_hold_record",
+    # Format 2 (issue 25): a publish batch with some jobs moved to complete/, the rest not
+    # yet; the library index's segments merged into entries (durable) but not yet removed,
+    # or compacted into one (durable) with the old ones not yet removed.
+    "mid_complete_batch",
+    "mid_index_merge",
+    "mid_index_compact",
+    # spool migrate (spool.migrate): format 2's merged entries durable, the format 1
+    # records they replace not yet removed.
+    "mid_migrate",
 )
+
+
+def armed(name: str) -> bool:
+    """Whether this process is to die at crash point ``name`` (for a step that must take
+    a slower path to make the point reachable at all, like a batch's concurrent fsyncs)."""
+    return os.environ.get("SPOOL_CRASH_AT") == name
 
 
 def crashpoint(name: str) -> None:

@@ -10,7 +10,7 @@ Deterministic repairs:
 * a job file in two states, one of them ``complete`` with a verified
   manifest and the other copies byte-identical: keep ``complete``;
 * ``complete/J.json`` without a manifest, while one of its attempts staged a
-  ``result.json`` whose store file verifies: install that manifest;
+  result whose store file verifies: install that manifest;
 * a store file that hashes to its name but is writable: make it read-only;
 * hidden temp files and attempt staging folders left by a crash, older than
   ``grace`` seconds: remove them (they were never visible under a final name).
@@ -50,6 +50,7 @@ from pathlib import Path
 
 from . import depends, index, kinds, liveness, quarantine, store
 from .accept import JOB_COPY
+from .attempt import staged_result
 from .model import Failure, Manifest, WorkerRecord
 from .problems import Problem
 from .publish import install_manifest
@@ -183,7 +184,7 @@ def _complete_has_manifest(tree: Tree, jid: str, repair: bool, verify_hashes: bo
         return None  # whether it matches its store file is checked in _manifests
     prob = Problem(3, _rel(tree, tree.job_file("complete", jid)), "complete without a manifest")
     for n in reversed(attempt_numbers(tree, jid)):
-        staged = read(tree.attempt_dir(jid, n) / "result.json", Manifest)
+        staged = staged_result(tree.attempt_dir(jid, n))
         if staged is not None and store.verify(tree, staged) is None:
             prob.repair = f"install the verified result of attempt {n} as the manifest"
             if repair:

@@ -2,12 +2,12 @@
 
 Two kinds of garbage:
 
-* **store objects** no manifest and no attempt's staged ``result.json``
-  names. A render publishes its object a moment before it writes
-  ``result.json``, so an object is only collected once its inode has not
+* **store objects** no manifest and no attempt's staged result names. A
+  render publishes its object a moment before it stages its result, so an
+  object is only collected once its inode has not
   changed for ``grace`` seconds (linking it updates its ctime): gc never
   races a publish in progress;
-* **work folders** of attempts that ended (``result.json``, ``failure.json`` or
+* **work folders** of attempts that ended (a staged result, ``failure.json`` or
   ``interrupted.json``, or the job is no longer running) more than
   ``[recovery] work_retention`` seconds ago. The attempt's records stay;
   only ``work/`` (candidates, label files) goes. Published outputs are safe:
@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import store
-from .model import Manifest
+from .attempt import staged_result
+from .model import AttemptRecord, Manifest
 from .status import attempt_numbers, locate, read
 from .tree import Tree, fsync_dir, visible_names
 
@@ -52,7 +53,7 @@ def referenced(tree: Tree) -> set[str]:
     if tree.attempts.is_dir():
         for jdir in tree.attempts.iterdir():
             for n in attempt_numbers(tree, jdir.name):
-                r = read(jdir / str(n) / "result.json", Manifest)
+                r = staged_result(jdir / str(n))
                 if r is not None:
                     refs.add(r.output.store_path)
     return refs
@@ -109,8 +110,12 @@ def collect(tree: Tree, retention: float, *, dry_run: bool = False, grace: float
 
 
 def _ended_at(job_dir: Path, n: int) -> float | None:
-    """When attempt n ended: its own closing record, or a recovery decision about it."""
+    """When attempt n ended: its own closing record (format 2: ``attempt.json`` written
+    again with its staged result), or a recovery decision about it."""
     paths = [job_dir / str(n) / name for name in _ENDINGS]
+    rec = read(job_dir / str(n) / "attempt.json", AttemptRecord)
+    if rec is not None and rec.result is not None:
+        paths.append(job_dir / str(n) / "attempt.json")
     paths += list(job_dir.glob(f"recovery-{n}.json")) + list(job_dir.glob(f"recovery-{n}-*.json"))
     times = []
     for p in paths:

@@ -44,7 +44,7 @@ from typing import Any
 
 import msgspec
 
-from . import enrich, index, store, thumbs
+from . import enrich, index, indexpaths, store, thumbs
 from . import visibility as vis
 from .config import Config
 from .errors import InvalidInput, NotFound, NotReady, SpoolError
@@ -221,10 +221,11 @@ class Result(msgspec.Struct, kw_only=True):
     partial: dict[str, int]
 
 
-def current_revision(tree: Tree, name: str) -> int | None:
-    """The highest indexed revision of ``name`` whose job is complete."""
+def current_revision(tree: Tree, name: str, snap: index.Snapshot | None = None) -> int | None:
+    """The highest indexed revision of ``name`` whose job is complete (``snap``: the
+    caller's look at the index, when it asks about many names)."""
     complete = f"{tree.root}/complete/{name}@"  # str paths: this runs once per hit
-    for rev in reversed(index.revisions(tree, name)):
+    for rev in reversed((snap or index.Snapshot(tree)).revisions(name)):
         if os.path.exists(f"{complete}{rev}.json"):
             return rev
     return None
@@ -333,11 +334,12 @@ def search(
         )
     if rule is None:
         rule = vis.rule(cfg, visibility)
+    snap = index.Snapshot(tree)  # the unmerged segments once, for every candidate
     candidates: Iterable[str]
     if indexed:
-        candidates = sorted(_intersect(tree, indexed), key=_order)
+        candidates = sorted(_intersect(tree, indexed, snap), key=_order)
     else:  # every asset, lazily: a page asking for 60 reads about 60 names' versions
-        candidates = (f"{n}@{r}" for n in index.names(tree) for r in index.revisions(tree, n))
+        candidates = (f"{n}@{r}" for n in snap.names() for r in snap.revisions(n))
     currents: dict[str, int | None] = {}
     hits: list[Hit] = []
     partial: dict[str, int] = {}
@@ -346,7 +348,7 @@ def search(
             continue
         name, rev = split_job_id(jid)
         if name not in currents:
-            currents[name] = current_revision(tree, name)
+            currents[name] = current_revision(tree, name, snap)
         is_current = currents[name] == rev
         if not is_current and not (all_versions and tree.job_file("complete", jid).exists()):
             continue
@@ -372,17 +374,23 @@ def search(
     return Result(results=hits, partial=partial)
 
 
-def _intersect(tree: Tree, indexed: list[tuple[str, str]]) -> set[str]:
-    """Names in every ``index/<tag>/<value>/`` asked for.
+def _intersect(tree: Tree, indexed: list[tuple[str, str]], snap: index.Snapshot) -> set[str]:
+    """Names in every ``index/<tag>/<value>/`` asked for, and the jobs of the unmerged
+    segments (``snap``, read first) that have every tag asked for.
 
     The smallest folder (by its size, a cheap proxy for its entry count) is
     listed; a folder at least four times larger is probed per name with a
     stat instead of being listed (measured: 1,000 stats cost about half of
     listing 10,000 names), a comparable one is listed and intersected.
     """
+    recent = {x.job_id for x in snap.view.lines() if all(x.tags.get(t) == v for t, v in indexed)}
+    return recent | _intersect_merged(tree, indexed)
+
+
+def _intersect_merged(tree: Tree, indexed: list[tuple[str, str]]) -> set[str]:
     dirs = []
     for t, v in indexed:
-        d = str(index.tag_dir(tree, t, v))
+        d = str(indexpaths.tag_dir(tree, t, v))
         try:
             dirs.append((os.stat(d).st_size, d))
         except (FileNotFoundError, NotADirectoryError):

@@ -32,9 +32,11 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from . import formats
 from .model import Manifest, encode
 from .records import damaged as damage
 from .records import read
@@ -92,6 +94,13 @@ def damaged_records(tree: Tree, settle: float = SETTLE) -> list[Damaged]:
         if how is not None and _settled(path, now, settle):
             out.append(Damaged(path, how, action, why, data))
 
+    # A format 1 tree fsyncs every attempt record before the attempt starts: one found
+    # damaged there is the disk's doing, reported only. Format 2 does not fsync a slot
+    # attempt's record (spool.attempt): a cut may empty it, and the tree proves what it said.
+    try:
+        lossy_attempts = formats.read(tree.root) >= 2
+    except formats.Unreadable:
+        lossy_attempts = True
     for jdir in sorted(tree.attempts.iterdir()) if tree.attempts.is_dir() else []:
         if jdir.name.startswith(".") or not jdir.is_dir():
             continue
@@ -103,6 +112,13 @@ def damaged_records(tree: Tree, settle: float = SETTLE) -> list[Damaged]:
             for f in _records(adir):
                 if f.name in HINTS:
                     judge(f, "aside", "a hint written without fsync; readers say unknown without it")
+                elif f.name == "attempt.json" and lossy_attempts:
+                    if damage(f) is None:
+                        continue
+                    if manifest is None:
+                        manifest = read(tree.manifest_file(jid), Manifest)
+                    why, data = attempt_record(jid, int(adir.name), adir, manifest)
+                    judge(f, "rewrite", why, data)
                 elif f.name == "result.json":
                     if damage(f) is None:
                         continue
@@ -136,6 +152,35 @@ def damaged_records(tree: Tree, settle: float = SETTLE) -> list[Damaged]:
                     why = "a poster frame written without fsync; made again"
                     out.append(Damaged(f, "empty", "aside", why))
     return out
+
+
+def attempt_record(jid: str, n: int, adir: Path, manifest: Manifest | None) -> tuple[str, bytes]:
+    """An attempt record a power cut emptied (format 2 fsyncs a slot attempt's record only
+    through what ends it), written again from what the tree proves: the manifest naming
+    the attempt (its identity and staged result), else its failure or interruption
+    record (who), else only its number and when its folder was made."""
+    from .model import AttemptRecord, Failure, Interruption
+
+    if manifest is not None and manifest.job_id == jid and manifest.attempt == n:
+        rec = AttemptRecord(
+            job_id=jid, n=n, worker=manifest.worker, host=manifest.host, pid=manifest.pid,
+            boot_id=manifest.boot_id, claimed_at=manifest.claimed_at, result=manifest,
+            rewritten="from its manifest, which names this attempt",
+        )  # fmt: skip
+        return "its manifest names this attempt: rewritten from it", encode(rec)
+    failure = read(adir / "failure.json", Failure)
+    stop = read(adir / "interrupted.json", Interruption)
+    worker = failure.worker if failure else stop.worker if stop else "unknown"
+    try:
+        made = datetime.fromtimestamp(adir.stat().st_mtime, UTC)
+    except OSError:
+        made = datetime.now(UTC)
+    source = "its failure record" if failure else "its interruption record" if stop else "its folder"
+    rec = AttemptRecord(
+        job_id=jid, n=n, worker=worker, host=failure.host if failure else "", pid=0, boot_id="",
+        claimed_at=made, rewritten=f"lost in a power cut; who and when from {source}",
+    )  # fmt: skip
+    return f"lost in a power cut (never fsynced): rewritten from {source}", encode(rec)
 
 
 def mend(d: Damaged) -> None:

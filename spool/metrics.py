@@ -393,7 +393,7 @@ class QueueView:
 
         return self.folders.get(
             "library",
-            (index.library_root(self.tree), enrich.folder(self.tree)),
+            (*index.watched(self.tree), enrich.folder(self.tree)),
             partial(library_families, self.tree, worker),
             now,
             extra=tuple(index.RECENT_DELAYS),

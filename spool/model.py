@@ -190,7 +190,14 @@ class JobBase(Record, kw_only=True, tag_field="operation"):
 
 
 class AttemptRecord(Record, kw_only=True):
-    """``attempts/J/<n>/attempt.json``: who owns this attempt, written at claim."""
+    """``attempts/J/<n>/attempt.json``: who owns this attempt, written at claim.
+
+    Format 2 (:mod:`spool.formats`) writes it again at the end of an attempt that
+    produced a result, with that result staged in ``result`` (format 1's
+    ``result.json``); neither write is fsynced for a slot kind's attempt: the
+    manifest, which carries the attempt's identity, is the durable record of an
+    attempt that published, and ``failure.json``/``interrupted.json`` of one that
+    ended otherwise."""
 
     job_id: str
     n: int
@@ -200,6 +207,11 @@ class AttemptRecord(Record, kw_only=True):
     boot_id: str
     claimed_at: datetime
     reason: str = "claim"
+    #: Format 2: the manifest this attempt staged (``None`` until it produced a result).
+    result: Manifest | None = None
+    #: Written again by ``spool fsck`` after a power cut emptied it (format 2 does not
+    #: fsync a slot attempt's record): who and when come from what the tree proves.
+    rewritten: str = ""
 
 
 class Interruption(Record, kw_only=True):
@@ -399,7 +411,11 @@ class SourceDigest(Record, kw_only=True):
 
 
 class Manifest(Record, kw_only=True):
-    """``manifests/J.json`` (and the attempt's ``result.json``): the published output."""
+    """``manifests/J.json`` (and the attempt's staged result): the published output.
+
+    It names the attempt that published it with that attempt's identity (worker,
+    host, pid, boot id, claim time): in a format 2 tree it is the durable record of
+    that attempt (SPEC 11.9)."""
 
     job_id: str
     attempt: int
@@ -414,6 +430,9 @@ class Manifest(Record, kw_only=True):
     validate_seconds: float
     published_at: datetime
     note: str = ""
+    host: str = ""
+    pid: int = 0
+    boot_id: str = ""
 
 
 # -- recovery ------------------------------------------------------------------

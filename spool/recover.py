@@ -6,12 +6,12 @@ job file into the recoverer's running folder first: from then on the old
 worker's fencing checks fail, so it can never publish or move the job.
 
 The evidence is the job's latest attempt of the current claim: its records
-(``result.json``, ``failure.json``, ``interrupted.json``), the candidate in
+(the staged result, ``failure.json``, ``interrupted.json``), the candidate in
 ``work/``, and ``manifests/J.json``. The decision, in order:
 
 =====================  ===========================================================
 published              the manifest exists and verifies: finish the move to complete
-staged                 ``result.json`` names a verified store file: install the
+staged                 the staged result names a verified store file: install the
                        manifest, complete
 recorded-failure       ``failure.json`` exists: finish the move to failed
 recorded-interruption  ``interrupted.json`` exists: finish the move to pending
@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Literal
 
 from . import index, kinds, liveness, quarantine, retry, store
-from .attempt import open_attempt, write_failure
+from .attempt import open_attempt, staged_result, write_failure
 from .context import Context
 from .errors import LostOwnership
 from .model import (
@@ -112,7 +112,7 @@ def inspect(tree: Tree, job: JobBase, worker: str) -> Evidence:
         mstate = store.verify(tree, manifest) or "verified"
     result = "absent"
     if d is not None:
-        staged = read(d / "result.json", Manifest)
+        staged = staged_result(d)
         if staged is not None:
             result = store.verify(tree, staged) or "verified"
     cand = "absent"
@@ -326,7 +326,7 @@ def _apply(
         _move(ctx, jid, "complete")
         return "complete"
     if decision == "staged":
-        staged = read(tree.attempt_dir(jid, ev.attempt) / "result.json", Manifest)
+        staged = staged_result(tree.attempt_dir(jid, ev.attempt))
         assert staged is not None
         # No verified manifest for this recipe exists (else the decision were
         # "published"): the one publish rule installs the verified staged result.

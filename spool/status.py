@@ -127,12 +127,34 @@ def library_counts(tree: Tree) -> dict[str, int]:
     assets minus records (equal outputs share a record; older versions may have
     one): exact counts need a scan, which ``spool enrich`` does anyway.
     """
-    try:
-        assets = sum(1 for n in os.listdir(tree.root / "library") if n[0] != ".")
-    except FileNotFoundError:
-        assets = 0
+    names = _names_in(tree.root / "library") | _names_in(tree.root / "index" / "_names")
+    assets = len(names | _segment_names(tree.root / "index" / "_segments"))
     records = count(tree.root / "enrich")
     return {"assets": assets, "enriched_objects": records, "enrichment_backlog": max(0, assets - records)}
+
+
+def _names_in(folder: Path) -> set[str]:
+    try:
+        return {n for n in os.listdir(folder) if n[0] != "."}
+    except FileNotFoundError:
+        return set()
+
+
+def _segment_names(folder: Path) -> set[str]:
+    """Asset names in the library index's unmerged segments (format 2: spool.segments),
+    taken from each line's first key, ``job_id`` (no JSON parser: status stays lean)."""
+    out: set[str] = set()
+    for fname in _listed(folder, ".jsonl"):
+        try:
+            with open(folder / fname, "rb") as f:
+                data = f.read()
+        except OSError:
+            continue  # merged meanwhile: its names are in index/_names now
+        for line in data.split(b"\n"):
+            if line.startswith(b'{"job_id":"'):
+                jid = line[11 : line.find(b'"', 11)]
+                out.add(jid.rpartition(b"@")[0].decode("ascii", "replace"))
+    return out
 
 
 def load_job(tree: Tree, job_id: str) -> tuple[Job, Location] | None:
@@ -174,9 +196,9 @@ def attempt_summary(
     broken = {
         name: why for name, typ in types.items() if got[name] is None and (why := damage(d / name, typ))
     }
-    rec, failure, result, progress = (
-        got[k] for k in ("attempt.json", "failure.json", "result.json", "progress.json")
-    )
+    rec, failure, progress = (got[k] for k in ("attempt.json", "failure.json", "progress.json"))
+    # The staged result: format 2 keeps it in attempt.json, format 1 in result.json.
+    result = rec.result if rec is not None and rec.result is not None else got["result.json"]
     if result is not None or (manifest is not None and manifest.attempt == n and state == "complete"):
         outcome = "published"
     elif failure is not None:
@@ -187,15 +209,22 @@ def attempt_summary(
         which = " and ".join(k for k in ("result.json", "failure.json") if k in broken)
         how = broken.get("result.json") or broken["failure.json"]
         outcome = f"unknown: its {which} is {how} (lost in a crash)"
+    elif "attempt.json" in broken:
+        outcome = f"unknown: its attempt.json is {broken['attempt.json']} (lost in a crash)"
     elif state == "running":
         outcome = "running or abandoned"
     else:
         outcome = "abandoned (no outcome recorded)"
+    if rec is None and manifest is not None and manifest.attempt == n:
+        # Format 2: the manifest is the durable record of the attempt that published.
+        who, when = manifest.worker, manifest.claimed_at
+    else:
+        who, when = (rec.worker, rec.claimed_at) if rec else (None, None)
     return {
         "n": n,
         "dir": tree.relative(d),
-        "worker": rec.worker if rec else None,
-        "claimed_at": rec.claimed_at if rec else None,
+        "worker": who,
+        "claimed_at": when,
         "outcome": outcome,
         "progress": progress,
         "failure": failure,

@@ -44,10 +44,15 @@ class Stored:
     method: str  # "link", "copy" or "existing"
 
 
-def put(tree: Tree, candidate: Path, ext: str, *, prefer_link: bool = True) -> Stored:
+def put(
+    tree: Tree, candidate: Path, ext: str, *, prefer_link: bool = True, folder_later: bool = False
+) -> Stored:
     """Put a validated file into the store; idempotent for equal content.
 
-    The store half of publishing (:mod:`spool.publish` is the whole path)."""
+    The store half of publishing (:mod:`spool.publish` is the whole path).
+    ``folder_later``: the store folder is not fsynced here; the caller fsyncs it
+    (``stored.path.parent``) before anything names the object (a publish batch
+    fsyncs its objects' folders at once)."""
     digest, size = sha256_file(candidate)
     final = tree.store_file(digest, ext)
     make_dirs(final.parent)
@@ -61,8 +66,9 @@ def put(tree: Tree, candidate: Path, ext: str, *, prefer_link: bool = True) -> S
         os.close(fd)
     try:
         if prefer_link:
-            return Stored(digest, size, final, link_or_copy(candidate, final, digest, mode=0o444))
-        copy_verified(candidate, final, digest, mode=0o444)
+            method = link_or_copy(candidate, final, digest, mode=0o444, folder_later=folder_later)
+            return Stored(digest, size, final, method)
+        copy_verified(candidate, final, digest, mode=0o444, folder_later=folder_later)
     except FileExistsError:  # published meanwhile, by content: the same bytes
         return Stored(digest, size, final, "existing")
     return Stored(digest, size, final, "copy")

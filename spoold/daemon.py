@@ -33,23 +33,29 @@ from spool import (
     depends,
     diskfull,
     doctor,
+    execute,
+    formats,
     fsck,
     groupcommit,
     health,
     kinds,
+    publish,
     quarantine,
     recover,
     secrets,
+    segments,
     selfcheck,
 )
 from spool.arrivals import Arrivals
+from spool.attempt import Attempt
 from spool.config import Config
 from spool.events import Journal
-from spool.execute import Context, execute
+from spool.execute import Context
 from spool.faults import crashpoint
 from spool.kinds import capacities
-from spool.model import Event, PoolUse
+from spool.model import Event, JobBase, PoolUse
 from spool.pools import Pools
+from spool.publish import Ready
 from spool.status import count
 from spool.tree import Tree, make_dirs, visible_names
 from spool.workers import Heartbeat, Identity
@@ -64,6 +70,10 @@ from .waker import Waker
 from .watcher import Watcher
 
 log = logging.getLogger("spoold")
+
+#: Seconds the first attempt ready to publish waits, at most, for this daemon's other
+#: running attempts to join its batch (format 2; see Daemon._take_ready).
+COMPANY = 0.005
 
 
 class Daemon:
@@ -98,6 +108,15 @@ class Daemon:
         self._orphans_lock = threading.Lock()
         #: Slots whose job function has returned (the thread may linger a moment).
         self._finished: set[str] = set()
+        #: Format 2: prepared publishes waiting for the loop's next batch, since when, and
+        #: the slots whose attempts handed one over (held until that batch frees them).
+        self._ready: list[Ready] = []
+        self._ready_since = 0.0
+        self._waiting: set[str] = set()
+        #: How soon the loop must look again (waiting for company for a publish batch).
+        self._wake_in: float | None = None
+        #: The thread compacting or merging the library index's segments, if one runs.
+        self._tidying: threading.Thread | None = None
         self._disk_warned: set[str] = set()
         self.identity = Identity(tree, worker)
         self.heartbeat = Heartbeat(tree, worker, cfg.limits.max_active, cfg.limits.temp_disk_bytes)
@@ -182,6 +201,8 @@ class Daemon:
                 self.interrupt.set()
             for t in list(self.slots.values()):
                 t.join()
+            if self._tidying is not None:
+                self._tidying.join()  # a merge ends cleanly (each step is safe to cut, but why cut it)
             try:
                 self.heartbeat.beat(active=[], state="stopped")
                 self.journal.commit()  # the durable beat above made it so already; say it
@@ -363,6 +384,7 @@ class Daemon:
                     self.cfg.daemon.stop_grace,
                 )
                 call(self.hooks, "stopping", self)
+            self._fill_slots()  # no claims now; attempts that ended are still published
             if not self.slots:
                 return False
             if (now >= self.stop_deadline or self._signals > 1) and not self.interrupt.is_set():
@@ -397,13 +419,17 @@ class Daemon:
             )
             self._next_beat = now + self.cfg.daemon.heartbeat_interval
             self._beat_written = True
+            self._tidy_index()
             # Journal lines ride on the tree's folder fsyncs; an idle daemon has none, so
             # its last lines are made durable here, within one heartbeat (SPEC 11.9).
             self.journal.commit()
         call(self.hooks, "tick", self)
         # While a big first scan is read (in the background), look back soon for more.
         reading = self.index.backlog and not self.stopping
-        self.wake.wait(timeout=0.05 if reading else 0.5 if self.stopping else self.cfg.daemon.poll_interval)
+        timeout = 0.05 if reading else 0.5 if self.stopping else self.cfg.daemon.poll_interval
+        if self._wake_in is not None:
+            timeout, self._wake_in = min(timeout, self._wake_in), None
+        self.wake.wait(timeout=timeout)
         return True
 
     # -- steps -------------------------------------------------------------------------
@@ -452,7 +478,10 @@ class Daemon:
             else:
                 for job in o.jobs:
                     log.info("accepted %s%s", job.job_id, "" if job.resolved else " (waiting)")
-                    self.index.note(job.job_id)  # claimable in this very iteration
+                    if o.data is not None and job is o.job:  # from the bytes in hand
+                        self.index.note_accepted(job.job_id, o.data)
+                    else:
+                        self.index.note(job.job_id)  # claimable in this very iteration
         return len(outcomes)
 
     def _note_change(self, ev: Event) -> None:
@@ -512,30 +541,112 @@ class Daemon:
                 continue
 
     def _fill_slots(self) -> None:
-        """Claim the best pending jobs while their pools have room (a job whose
-        pool is full waits; one from another pool may still go)."""
+        """Publish the attempts that are ready (format 2) and claim the best pending jobs
+        while their pools have room (a job whose pool is full waits; one from another pool
+        may still go): one group-commit batch, so the moves out of and into this worker's
+        running folder share its fsync (:func:`spool.publish.commit`)."""
         self._quarantine_damaged()
-        if self.quarantined is not None or self.pools.full():
+        v2 = formats.writing(self.tree.root) >= 2
+        ready = self._take_ready()
+        claiming = self.quarantined is None and not self.stopping
+        if not ready and (not claiming or self.pools.full()):
             return
         claimed: list[tuple[str, str]] = []
-        rooms = self._gates()
+        opened: dict[str, tuple[JobBase, Attempt] | quarantine.Damaged | None] = {}
+        rooms = self._gates() if claiming else {}
+
+        def claim_into_free_slots() -> None:
+            for r in ready:
+                self._release(r.job_id)  # its attempt is done: its slot is free for a claim
+            if claiming:
+                self._claim_batch(claimed, rooms, opened if v2 else None)
+
         try:
-            with groupcommit.together():  # the claims' folder fsyncs, once for all; then they start
-                self._claim_batch(claimed, rooms)
+            if ready:
+                results = publish.commit(self.ctx, ready, also=claim_into_free_slots)
+            else:
+                # The claims' folder fsyncs, once for all (and each claim's attempt folder:
+                # format 2 opens them here), then they start.
+                with groupcommit.together(at_once=v2):
+                    claim_into_free_slots()
+                results = []
         except BaseException:
-            # Claimed but maybe not durable: none starts; recovered by evidence, as at a restart.
+            # Claimed or ready but maybe not durable: none starts or is told; recovered by
+            # evidence, as at a restart.
             with self._orphans_lock:
-                for jid, _ in claimed:
+                for jid in [*(r.job_id for r in ready), *(j for j, _ in claimed)]:
                     self.orphans[jid] = (time.monotonic(), 1.0)
                     self._finished.add(jid)
+                    self._waiting.discard(jid)
             raise
+        for r, res in zip(ready, results, strict=True):
+            self._published(r, res)
         for jid, pool in claimed:
-            crashpoint("after_claim")
             kind = kinds.owner_of_pool(pool)
             if kind.runner == "driven":
+                crashpoint("after_claim")
                 self.driver.take(jid, kind)  # no thread, no render slot: stepped by the driver
                 continue
-            self.slots[jid] = self.threads.run(f"job-{jid}", partial(self._run_job, jid))
+            if not v2:
+                crashpoint("after_claim")
+                self.slots[jid] = self.threads.run(f"job-{jid}", partial(self._run_job, jid))
+                continue
+            got = opened.get(jid)
+            if isinstance(got, tuple):
+                job, attempt = got
+                execute.started(self.ctx, jid, attempt)
+                self.slots[jid] = self.threads.run(f"job-{jid}", partial(self._run_slot, jid, job, attempt))
+                continue
+            outcome = "lost" if got is None else execute.quarantined(self.ctx, jid, got)
+            log.info("%s: %s", jid, outcome)
+            self.slots[jid] = self._done_slot(jid)
+
+    def _take_ready(self) -> list[Ready]:
+        """The prepared publishes to commit now, or none yet: while other attempts of this
+        daemon are still running, the first waits up to :data:`COMPANY` seconds for
+        them (no-op jobs end within a few milliseconds of each other; a render's
+        publish waits at most that long)."""
+        with self._orphans_lock:
+            if not self._ready:
+                return []
+            age = time.monotonic() - self._ready_since
+            running = [j for j in self.slots if j not in self._waiting and j not in self._finished]
+            if running and age < COMPANY and not self.stopping:
+                self._wake_in = COMPANY - age
+                return []
+            ready, self._ready = self._ready, []
+            self._ready_since = 0.0
+            return ready
+
+    def _release(self, jid: str) -> None:
+        """A slot whose attempt handed over its publish: free it for a claim."""
+        self.slots.pop(jid, None)
+        self._waiting.discard(jid)
+        self.reserved.pop(jid, None)
+        self.pools.give_back(jid)
+
+    def _published(self, r: Ready, res: object) -> None:
+        """How a job of a publish batch ended: complete, or taken away meanwhile."""
+        if isinstance(res, BaseException):
+            try:
+                outcome = execute.end_attempt(self.ctx, r.job, r.attempt, res)
+            except Exception:
+                log.exception("%s: recording the end of attempt %d failed", r.job_id, r.attempt.n)
+                with self._orphans_lock:
+                    self.orphans[r.job_id] = (time.monotonic(), 1.0)
+                return
+        else:
+            outcome = "complete"
+        log.info("%s: %s", r.job_id, outcome)
+        self._note_outcome(r.job_id, outcome)
+
+    def _done_slot(self, jid: str) -> Slot:
+        """A claim that ended before any thread ran it (quarantined, lost)."""
+        slot = Slot(f"job-{jid}")
+        slot._done.set()
+        with self._orphans_lock:
+            self._finished.add(jid)
+        return slot
 
     def _gates(self) -> dict[str, int]:
         """The room each gated pool with pending jobs has now (its kind decides: a provider's
@@ -550,7 +661,15 @@ class Daemon:
                     self.gates[pool] = gate
         return rooms
 
-    def _claim_batch(self, claimed: list[tuple[str, str]], rooms: dict[str, int]) -> None:
+    def _claim_batch(
+        self,
+        claimed: list[tuple[str, str]],
+        rooms: dict[str, int],
+        opened: dict[str, tuple[JobBase, Attempt] | quarantine.Damaged | None] | None = None,
+    ) -> None:
+        """Claim into free slots (inside the caller's batch). ``opened`` (format 2): each
+        claim of a slot kind is checked and its attempt opened here, so the batch's
+        fsyncs make the attempt's number (and the job's frozen copy) durable too."""
         for jid in self.index.ordered():
             if self.stopping or self.pools.full():
                 break
@@ -581,6 +700,15 @@ class Daemon:
             claimed.append((jid, pool))
             if room is not None:
                 rooms[pool] = room - 1
+            if opened is not None and kinds.owner_of_pool(pool).runner != "driven":
+                crashpoint("after_claim")
+                loaded = execute.load_claimed(self.ctx, jid)
+                if isinstance(loaded, JobBase):
+                    attempt = execute.open_claimed(self.ctx, jid, durable=False)
+                    crashpoint("after_attempt_dir")
+                    opened[jid] = (loaded, attempt)
+                else:
+                    opened[jid] = loaded  # damaged (quarantined after the batch) or gone
 
     def _look_at_quarantine(self, now: float) -> None:
         """An operator lifts a quarantine by removing its file (spool worker release)."""
@@ -611,7 +739,7 @@ class Daemon:
 
     def _run_job(self, jid: str) -> None:
         try:
-            outcome = execute(self.ctx, jid)
+            outcome = execute.execute(self.ctx, jid)
             log.info("%s: %s", jid, outcome)
             self._note_outcome(jid, outcome)
         except Exception:
@@ -628,6 +756,59 @@ class Daemon:
             with self._orphans_lock:
                 self._finished.add(jid)
             self.wake.set()
+
+    def _run_slot(self, jid: str, job: JobBase, attempt: Attempt) -> None:
+        """Format 2: a slot kind's attempt up to its publish, which the loop commits with
+        the others that end close together (:meth:`_fill_slots`)."""
+        handed = False
+        try:
+            got = execute.run_to_ready(self.ctx, job, attempt)
+            if isinstance(got, Ready):
+                with self._orphans_lock:
+                    if not self._ready:
+                        self._ready_since = time.monotonic()
+                    self._ready.append(got)
+                    self._waiting.add(jid)
+                handed = True
+            else:
+                log.info("%s: %s", jid, got)
+                self._note_outcome(jid, got)
+        except Exception:
+            log.exception("%s: attempt ended abnormally; recovering it", jid)
+            with self._orphans_lock:
+                self.orphans[jid] = (time.monotonic(), 1.0)
+        finally:
+            if not handed:
+                with self._orphans_lock:
+                    self._finished.add(jid)
+            self.wake.set()
+
+    def _tidy_index(self) -> None:
+        """Format 2: compact this worker's index segments, or merge all of them, when due
+        (:func:`spool.segments.due`), on a thread of its own: off the job path, one at a
+        time. A failure is logged; the segments stay readable as they are."""
+        if self._tidying is not None and self._tidying.is_alive():
+            return
+        try:
+            if formats.writing(self.tree.root) < 2 or (what := segments.due(self.tree, self.worker)) is None:
+                return
+        except Exception:
+            log.exception("looking at the library index's segments failed")
+            return
+
+        def tidy() -> None:
+            try:
+                if what == "merge":
+                    n, jobs = segments.merge(self.tree)
+                    log.info("library index: merged %d segment(s), %d job(s)", n, jobs)
+                else:
+                    n = segments.compact(self.tree, self.worker)
+                    log.info("library index: compacted %d segment(s) of %s into one", n, self.worker)
+            except Exception:
+                log.exception("library index: %s failed; the segments stay as they are", what)
+
+        self._tidying = threading.Thread(target=tidy, name="index-tidy", daemon=True)
+        self._tidying.start()
 
     def _driven_done(self, jid: str, outcome: str) -> None:
         """The driver finished a job: reap it like a slot thread's. One whose ending could
@@ -661,7 +842,10 @@ class Daemon:
     def _reap(self) -> None:
         with self._orphans_lock:
             finished, self._finished = self._finished, set()
+            waiting = set(self._waiting)
         for jid, t in list(self.slots.items()):
+            if jid in waiting:
+                continue  # its publish is prepared: the slot is freed by the batch that commits it
             if jid in finished or not t.is_alive():
                 del self.slots[jid]
                 self.reserved.pop(jid, None)

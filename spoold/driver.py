@@ -230,7 +230,8 @@ class Driver:
         if self._stop.is_set():
             return  # left in running/: the next start resumes it
         if n is None:
-            started = start(self.ctx, job_id)
+            # Durable before its first step: the kind writes durable states into it.
+            started = start(self.ctx, job_id, durable=True)
             if isinstance(started, str):
                 self._done(job_id, started)
                 return

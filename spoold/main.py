@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from spool import config, diskfull, secrets
+from spool import config, diskfull, formats, secrets
 from spool.errors import SpoolError
 from spool.tree import Tree
 from spool.workers import worker_id
@@ -53,6 +53,7 @@ def run(
     try:
         if not tree.is_spool():
             raise SpoolError(f"{spool} is not a spool (run: spool init {spool})")
+        formats.writing(tree.root, fresh=True)  # a tree newer than this code: refused, untouched
         cfg = config.load(tree.config_file)
         secrets.install_from(cfg.secrets.env, cfg.secrets.files)
         os.umask(cfg.permissions.umask_bits)

@@ -20,6 +20,12 @@ def allow_noop(tree: Tree, **sections: dict[str, Any]) -> config.Config:
     return settings.write(tree.config_file, over)
 
 
+def as_format_1(tree: Tree) -> None:
+    """Make ``tree`` a spool of the original layout (no ``FORMAT`` file: every spool made
+    before issue 25), which this code writes in format 1."""
+    (tree.root / "FORMAT").unlink()
+
+
 def tags_for(i: int, **over: str) -> dict[str, str]:
     """A deterministic tag set: campaign from four values, locale from two."""
     tags = {

@@ -355,15 +355,15 @@ def test_a_dependent_another_daemon_moved_on_meanwhile_is_not_brought_back(
 
 @pytest.mark.parametrize("exchange", [True, False], ids=["renameat2-exchange", "fallback"])
 def test_replace_existing_never_brings_back_a_name_that_is_gone(tmp_path, monkeypatch, exchange):
-    from spool import tree as tree_mod
+    from spool import durable
 
     if not exchange:
-        monkeypatch.setattr(tree_mod, "_renameat2", False)  # a filesystem without exchanges
+        monkeypatch.setattr(durable, "_renameat2", False)  # a filesystem without exchanges
     new, old = tmp_path / ".new.tmp", tmp_path / "job.json"
     new.write_text("frozen")
-    assert tree_mod.replace_existing(new, old) is False
+    assert durable.replace_existing(new, old) is False
     assert not old.exists() and new.read_text() == "frozen"
     old.write_text("waiting")
-    assert tree_mod.replace_existing(new, old) is True
+    assert durable.replace_existing(new, old) is True
     assert old.read_text() == "frozen" and not new.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.json"]

@@ -9,6 +9,7 @@ import signal
 import invariants
 from conftest import minimal, run_cli, state_files, wait_for, write_json
 
+from spool.attempt import staged_result
 from spool.tree import HOST
 
 
@@ -48,7 +49,7 @@ def test_paused_worker_resumes_after_its_job_was_recovered(tree, assets, daemons
     assert m["attempt"] != 1 and m["worker"] != f"{HOST}-a"
     objects = sorted(p.name for p in (tree.store / "sha256").rglob("*") if p.is_file())
     assert objects == [os.path.basename(m["output"]["store_path"])], "the fenced worker published"
-    assert not (tree.attempt_dir("fenced@1", 1) / "result.json").exists()
+    assert staged_result(tree.attempt_dir("fenced@1", 1)) is None  # nothing staged by the fenced worker
     completes = [
         json.loads(line)
         for f in tree.events.glob("*.jsonl")

@@ -12,8 +12,12 @@ import time
 import invariants
 import pytest
 from conftest import minimal, run_cli
+from libhelp import allow_noop, as_format_1, noop_sub
 
 from spool import accept, claim, execute
+from spool.attempt import staged_result
+from spool.model import Manifest
+from spool.records import read
 
 
 @pytest.fixture()
@@ -81,8 +85,8 @@ def test_complete_without_manifest_is_repaired_from_the_staged_result(done):
     assert code == 0
     [p] = out["problems"]
     assert p["invariant"] == 3 and p["repaired"] and "attempt 1" in p["repair"]
-    staged = (done.attempt_dir("good@1", 1) / "result.json").read_bytes()
-    assert done.manifest_file("good@1").read_bytes() == staged
+    staged = staged_result(done.attempt_dir("good@1", 1))
+    assert staged is not None and read(done.manifest_file("good@1"), Manifest) == staged
     assert invariants.check(done.root) == []
 
 
@@ -155,10 +159,22 @@ def test_no_repair_only_reports(done):
 # -- issue 11, item 14: a job in no state; a tampered store object with an intact copy ----------------
 
 
-def test_accepting_keeps_a_read_only_frozen_copy_of_the_job(done):
+def test_accepting_keeps_a_frozen_copy_of_the_job(done):
+    """Format 2 (a new spool): the copy is the job file's second name, so the same bytes by
+    construction, and it outlives the job file's name (what fsck restores from, below)."""
     copy = done.job_attempts("good@1") / "job.json"
     assert copy.read_bytes() == (done.complete / "good@1.json").read_bytes()
+    assert copy.stat().st_ino == (done.complete / "good@1.json").stat().st_ino
+
+
+def test_accepting_keeps_a_read_only_frozen_copy_of_the_job_in_format_1(tree):
+    as_format_1(tree)
+    cfg = allow_noop(tree)
+    job = accept.accept_bytes(tree, cfg, noop_sub("old"), "t")
+    copy = tree.job_attempts(job.job_id) / "job.json"
+    assert copy.read_bytes() == tree.job_file("pending", job.job_id).read_bytes()
     assert stat.S_IMODE(copy.stat().st_mode) == 0o444
+    assert copy.stat().st_ino != tree.job_file("pending", job.job_id).stat().st_ino
 
 
 @pytest.mark.parametrize(("state", "jid"), [("complete", "good@1"), ("failed", "bad@1")])

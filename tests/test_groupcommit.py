@@ -225,16 +225,23 @@ def test_a_crash_between_the_folders_of_an_accept_batch_loses_nothing(tree: Tree
     _drained_once_each(tree, daemons, names)
 
 
-def test_a_crash_mid_claim_batch_leaves_the_jobs_to_recovery(tree: Tree, daemons):
+@pytest.mark.parametrize("fmt", ["1", "2"])
+def test_a_crash_mid_claim_batch_leaves_the_jobs_to_recovery(tree: Tree, daemons, fmt: str):
     cfg = allow_noop(tree, limits={"max_active": 3})
     names = ["cb-a", "cb-b", "cb-c"]
     for n in names:
         accept.accept_bytes(tree, cfg, noop_sub(n, tags=tags_for(0)), "tester")  # no batch: plain
-    d = daemons(tree, "w1", drain=True, env={"SPOOL_CRASH_AT": "mid_group_sync"})
+    env = {"SPOOL_CRASH_AT": "mid_group_sync", "SPOOL_WRITE_FORMAT": fmt}
+    d = daemons(tree, "w1", drain=True, env=env)
     assert d.wait(timeout=60) == -9  # between running/w1/'s fsync and pending/'s
     assert _running(tree) == [f"{n}@1.json" for n in names]
-    assert all(tree.attempt_numbers(f"{n}@1") == [] for n in names)  # none had started
-    d = daemons(tree, "w1", drain=True)
+    # None had started: format 1 opens attempts after the batch; format 2 opens them inside
+    # it (their numbers durable with its fsyncs), but none is told or has begun its work.
+    assert [e for e in _journal(tree) if e["to"] == "running"] == []
+    for n in names:
+        nums = tree.attempt_numbers(f"{n}@1")
+        assert nums == ([] if fmt == "1" else [1])
+    d = daemons(tree, "w1", drain=True, env={"SPOOL_WRITE_FORMAT": fmt})
     assert d.wait(timeout=60) == 0, d.output()
     assert sorted(visible_names(tree.complete)) == [f"{n}@1.json" for n in names]
     assert _running(tree) == []
@@ -268,7 +275,7 @@ def test_only_an_explicit_act_routes_folder_fsyncs_never_an_import() -> None:
     """Importing spool.groupcommit changes nothing; installing a coalescer or beginning a
     batch does (the tree layer's behaviour never hangs on what happened to be imported)."""
     code = (
-        "import spool.tree as t, spool.groupcommit as g\n"
+        "import spool.durable as t, spool.groupcommit as g\n"
         "print(t._folder_router is None)\n"
         "with g.together():\n"
         "    pass\n"

@@ -9,14 +9,15 @@ import signal
 import subprocess
 import sys
 import textwrap
+from datetime import datetime
 
 import invariants
 import pytest
 from conftest import run_cli, state_files, wait_for
-from libhelp import allow_noop, noop_sub, publish, tags_for
+from libhelp import allow_noop, as_format_1, noop_sub, publish, tags_for
 
-from spool import accept, config, index, library
-from spool.index import decode_value, encode_value
+from spool import accept, config, index, library, segments
+from spool.indexpaths import decode_value, encode_value
 from spool.model import Manifest, decode
 
 VALUES = [
@@ -48,6 +49,8 @@ def test_every_value_becomes_one_safe_file_name():
 
 
 def test_publish_writes_one_entry_per_required_tag_and_a_version_record(tree):
+    """Format 1 (an original spool): every entry and the version record, durable at publish."""
+    as_format_1(tree)
     cfg = allow_noop(tree)
     jid = publish(tree, cfg, noop_sub("spot", tags=tags_for(0, campaign="Été 2026")))
     for tag, value in tags_for(0, campaign="Été 2026").items():
@@ -55,6 +58,7 @@ def test_publish_writes_one_entry_per_required_tag_and_a_version_record(tree):
     rec = json.loads((tree.root / "library" / "spot" / "1").read_text())
     m = json.loads(tree.manifest_file(jid).read_text())
     assert rec["sha256"] == m["output"]["sha256"] and rec["store_path"] == m["output"]["store_path"]
+    assert not segments.listed(tree)
     assert index.check(tree, cfg.acceptance.required_tags, repair=False) == []
     # Idempotent: a second call (recovery, fsck) changes nothing.
     before = sorted((p, p.stat().st_mtime_ns) for p in (tree.root / "index").rglob("*"))
@@ -62,6 +66,40 @@ def test_publish_writes_one_entry_per_required_tag_and_a_version_record(tree):
         tree, decode(tree.manifest_file(jid).read_bytes(), Manifest), cfg.acceptance.required_tags
     )
     assert sorted((p, p.stat().st_mtime_ns) for p in (tree.root / "index").rglob("*")) == before
+
+
+def test_publish_writes_a_segment_line_that_a_merge_turns_into_shared_entries(tree):
+    """Format 2: one segment line at publish (found at once), merged later into entries."""
+    cfg = allow_noop(tree)
+    tags = tags_for(0, campaign="Été 2026")
+    jid = publish(tree, cfg, noop_sub("spot", tags=tags))
+    m = json.loads(tree.manifest_file(jid).read_text())
+    [seg] = segments.listed(tree)
+    [line] = [json.loads(x) for x in (tree.root / "index" / "_segments" / seg).read_text().splitlines()]
+    assert line["job_id"] == jid and line["tags"] == tags and line["sha256"] == m["output"]["sha256"]
+    assert not (tree.root / "index" / "campaign").exists() and not (tree.root / "library" / "spot").exists()
+    assert index.check(tree, cfg.acceptance.required_tags, repair=False) == []
+    [hit] = library.search(tree, cfg, library.parse_terms(["campaign=Été 2026"])).results
+    assert hit.job == jid
+    # Idempotent: a second call (recovery, fsck) writes no second segment.
+    index.index_job(
+        tree, decode(tree.manifest_file(jid).read_bytes(), Manifest), cfg.acceptance.required_tags
+    )
+    assert segments.listed(tree) == [seg]
+    assert segments.merge(tree) == (1, 1)
+    assert segments.listed(tree) == []
+    for tag, value in tags.items():
+        assert (tree.root / "index" / tag / encode_value(value) / jid).is_file()
+    digest = m["output"]["sha256"]
+    assert (tree.root / "index" / "_objects" / digest[:2] / f"{digest}.{jid}").is_file()
+    assert segments.merged_version(tree, "spot", 1).is_file()
+    assert (tree.root / "index" / "_names" / "spot").is_file()
+    assert index.check(tree, cfg.acceptance.required_tags, repair=False) == []
+    [hit] = library.search(tree, cfg, library.parse_terms(["campaign=Été 2026"])).results
+    assert hit.job == jid
+    v = index.read_version(tree, "spot", 1)
+    assert v is not None and v.sha256 == digest and v.indexed_at == datetime.fromisoformat(line["indexed_at"])
+    assert invariants.check(tree.root) == []
 
 
 @pytest.mark.parametrize("point", ["after_manifest", "mid_index", "after_index"])
@@ -82,34 +120,55 @@ def test_kill_9_around_the_index_leaves_a_consistent_index_after_recovery(point,
     assert invariants.check(tree.root) == []
 
 
-def test_fsck_repairs_a_deleted_and_a_stray_entry(tree):
+@pytest.mark.parametrize("fmt", [1, 2])
+def test_fsck_repairs_a_deleted_and_a_stray_entry(tree, fmt):
+    if fmt == 1:
+        as_format_1(tree)
     cfg = allow_noop(tree)
     a = publish(tree, cfg, noop_sub("one", tags=tags_for(0)))
     publish(tree, cfg, noop_sub("two", tags=tags_for(1)))
+    if fmt == 2:
+        segments.merge(tree)  # the entries fsck judges are the merged ones
     (tree.root / "index" / "locale" / "en-GB" / a).unlink()  # deleted
-    (tree.root / "library" / "one" / "1").unlink()
+    version = tree.root / "library" / "one" / "1" if fmt == 1 else segments.merged_version(tree, "one", 1)
+    version.unlink()
     stray = tree.root / "index" / "campaign" / "c3" / a  # a value the manifest does not have
     stray.parent.mkdir()
     stray.touch()
     ghost = tree.root / "index" / "campaign" / "ghost"
     ghost.mkdir()
     (ghost / "ghost@1").touch()  # no manifest at all
+    if fmt == 2:
+        ghost_version = segments.merged_version(tree, "ghost", 1)
+        ghost_version.parent.mkdir(parents=True, exist_ok=True)
+        ghost_version.touch()
     res = run_cli("fsck", "--json", spool=tree)
     out = json.loads(res.stdout)
     assert res.returncode == 0, out
     found = {p["problem"] for p in out["problems"]}
     assert "missing library index entries" in found
     assert "stray library index entry (no manifest names it)" in found
+    if fmt == 2:
+        assert "stray library version entry (no manifest)" in found
+        assert not ghost_version.exists()
     assert all(p["repaired"] for p in out["problems"])
+    if fmt == 2:
+        segments.merge(tree)  # fsck's repair is a segment of the tree's format; merged, it is entries
     assert (tree.root / "index" / "locale" / "en-GB" / a).exists() and not stray.exists()
+    assert version.exists()
     assert not (ghost / "ghost@1").exists()
     assert index.check(tree, cfg.acceptance.required_tags, repair=False) == []
     assert [h.job for h in library.search(tree, cfg, library.parse_terms(["locale=en-GB"])).results] == [a]
 
 
-def test_index_rebuild_recreates_the_index_from_manifests_alone(tree):
+@pytest.mark.parametrize("fmt", [1, 2])
+def test_index_rebuild_recreates_the_index_from_manifests_alone(tree, fmt):
+    if fmt == 1:
+        as_format_1(tree)
     cfg = allow_noop(tree)
     jobs = [publish(tree, cfg, noop_sub(f"r{i}", tags=tags_for(i))) for i in range(6)]
+    if fmt == 2:
+        assert run_cli("index", "--merge", spool=tree).returncode == 0
 
     def snapshot():
         return sorted(
@@ -123,6 +182,9 @@ def test_index_rebuild_recreates_the_index_from_manifests_alone(tree):
     res = run_cli("index", "--rebuild", "--json", spool=tree)
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["versions"] == len(jobs)
+    if fmt == 2:  # rebuilt as one segment; merged, the same entries as before
+        assert len(segments.listed(tree)) == 1
+        assert run_cli("index", "--merge", spool=tree).returncode == 0
     assert snapshot() == before
 
 

@@ -11,10 +11,10 @@ import time
 
 import pytest
 from conftest import SPOOL, minimal, run_cli, write_json
-from libhelp import allow_noop, noop_sub, publish, tags_for
+from libhelp import allow_noop, as_format_1, noop_sub, publish, tags_for
 from test_nas import nas  # noqa: F401  (the two-mount fixture)
 
-from spool import accept, families, library, samples, store
+from spool import accept, families, library, samples, segments, store
 
 
 def search(tree, *terms):
@@ -127,10 +127,18 @@ def test_get_is_not_ready_while_pending_and_unknown_is_4(tree):
         assert run_cli("get", ref, spool=tree).returncode == 4
 
 
-def test_get_of_a_complete_job_that_is_not_indexed_is_not_ready(tree):
+@pytest.mark.parametrize("fmt", [1, 2])
+def test_get_of_a_complete_job_that_is_not_indexed_is_not_ready(tree, fmt):
+    if fmt == 1:
+        as_format_1(tree)
     cfg = allow_noop(tree)
     jid = publish(tree, cfg, noop_sub("spot"))
-    (tree.root / "library" / "spot" / "1").unlink()  # as a spool from before the library
+    # As a spool from before the library: format 1's version record, format 2's segment line.
+    if fmt == 1:
+        (tree.root / "library" / "spot" / "1").unlink()
+    else:
+        [seg] = segments.listed(tree)
+        (tree.root / "index" / "_segments" / seg).unlink()
     res = run_cli("get", jid, spool=tree)
     assert res.returncode == 3 and "not yet indexed" in res.stderr
     assert run_cli("index", "--rebuild", spool=tree).returncode == 0

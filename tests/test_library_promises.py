@@ -14,7 +14,7 @@ from conftest import TAGS, minimal, run_cli, write_json
 from libhelp import publish
 from provsim import ProviderSim
 
-from spool import config, index, library
+from spool import config, index, indexpaths, library, segments
 from spool.errors import InvalidInput
 from spool.tree import Tree
 
@@ -41,10 +41,13 @@ def test_a_tag_value_sent_in_nfd_is_kept_in_nfc_and_found_either_way(tree, asset
     jid = publish(tree, cfg, minimal(assets, name="noel", tags=dict(TAGS, campaign=NFD)))
     m = json.loads(tree.manifest_file(jid).read_text())
     assert m["tags"]["campaign"] == NFC
-    assert (index.tag_dir(tree, "campaign", NFC) / jid).exists()
-    for typed in (NFC, NFD):
-        out = search(tree, f"campaign={typed}")
-        assert jobs(out) == [jid] and out["results"][0]["tags"]["campaign"] == NFC
+    for merged in (False, True):  # from its segment line, then from the merged entries
+        if merged:
+            assert segments.merge(tree) == (1, 1)
+            assert (indexpaths.tag_dir(tree, "campaign", NFC) / jid).exists()
+        for typed in (NFC, NFD):
+            out = search(tree, f"campaign={typed}")
+            assert jobs(out) == [jid] and out["results"][0]["tags"]["campaign"] == NFC
     assert library.parse_terms([f"campaign={NFD}"]).tags == {"campaign": NFC}
 
 

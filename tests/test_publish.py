@@ -12,6 +12,7 @@ from pathlib import Path
 from conftest import minimal, submission
 
 from spool import accept, claim, execute
+from spool.attempt import staged_result
 from spool.config import Config
 from spool.events import Journal
 from spool.kinds import Job
@@ -106,8 +107,9 @@ def test_attempt_records_and_progress(tree, cfg, journal, assets):
     prog = json.loads((d / "progress.json").read_text())
     assert prog["done"] is True and prog["percent"] == 100.0 and prog["frame"] > 0
     assert (d / "ffmpeg.log").read_text().startswith("$ ffmpeg ")
-    result = decode((d / "result.json").read_bytes(), Manifest)
+    result = staged_result(d)  # format 2: in attempt.json (format 1: result.json)
     assert result == decode(tree.manifest_file(job.job_id).read_bytes(), Manifest)
+    assert rec["result"] is not None and not (d / "result.json").exists()
     events = [json.loads(line) for line in (tree.events / "test.jsonl").read_text().splitlines()]
     assert [(e["from"], e["to"]) for e in events] == [("pending", "running"), ("running", "complete")]
 

@@ -192,18 +192,31 @@ def test_an_object_with_no_visible_publisher_is_unknown_even_to_a_guess(lib, ser
         (shard / f"{digest}.mp4").unlink()
 
 
-def test_objects_published_before_the_object_index_are_found_after_a_rebuild(tree):
-    """A spool upgraded from before ``index/_sha256/``: downloads by hash fail closed until
-    ``spool index --rebuild`` (or fsck) adds the entries; ``spool index`` says so."""
-    from libhelp import allow_noop, noop_sub, publish
+@pytest.mark.parametrize("fmt", [1, 2])
+def test_objects_published_before_the_object_index_are_found_after_a_rebuild(tree, fmt):
+    """A spool upgraded from before the index by object (format 1: ``index/_sha256/``;
+    format 2: its merged ``index/_objects/``, after the segment was merged): downloads by
+    hash fail closed until ``spool index --rebuild`` (or fsck) adds the entries; ``spool
+    index`` says so."""
+    from libhelp import allow_noop, as_format_1, noop_sub, publish
 
+    from spool import segments
+
+    if fmt == 1:
+        as_format_1(tree)
     cfg = allow_noop(tree)
     jid = publish(tree, cfg, noop_sub("old"))
     digest = sha_of(tree, jid)
-    shutil.rmtree(tree.root / "index" / "_sha256")
+    if fmt == 1:
+        shutil.rmtree(tree.root / "index" / "_sha256")
+        missing = f"index/_sha256/{digest}/{jid}"
+    else:
+        assert segments.merge(tree) == (1, 1)
+        shutil.rmtree(tree.root / "index" / "_objects")
+        missing = f"index/_objects/{digest[:2]}/{digest}.{jid}"
     assert run_cli("get", digest, spool=tree).returncode == 4
     check = run_cli("index", spool=tree)
-    assert check.returncode == 1 and f"index/_sha256/{digest}/{jid}" in check.stdout
+    assert check.returncode == 1 and missing in check.stdout
     assert run_cli("index", "--rebuild", spool=tree).returncode == 0
     got = json.loads(run_cli("get", digest, "--json", spool=tree, check=True).stdout)
     assert got["job"] == jid and got["sha256"] == digest

@@ -123,11 +123,7 @@ def check(root: Path, *, settled: bool = True) -> list[str]:
         for n in nums:
             if not (adir / str(n) / "attempt.json").is_file():
                 problems.append(f"invariant 4: {jid} attempt {n} has no attempt.json")
-            result = adir / str(n) / "result.json"
-            try:
-                r = json.loads(result.read_text()) if job is not None and result.is_file() else None
-            except ValueError:
-                r = None  # staged without fsync; a power cut may leave it empty (recovery knows)
+            r = _staged(adir / str(n)) if job is not None else None
             if job is not None and r is not None:
                 if r["recipe_hash"] != job["recipe_hash"]:
                     problems.append(f"invariant 5: {jid} attempt {n} rendered a different recipe")
@@ -231,6 +227,22 @@ def _dependencies(root: Path, where: dict[str, list[str]], settled: bool) -> lis
     return out
 
 
+def _staged(attempt: Path) -> dict | None:
+    """The result an attempt staged: format 2 keeps it in attempt.json ("result"), format 1
+    in result.json. Neither is fsynced: a power cut may leave them empty (recovery knows)."""
+    try:
+        rec = json.loads((attempt / "attempt.json").read_text())
+        if isinstance(rec, dict) and isinstance(rec.get("result"), dict):
+            return rec["result"]
+    except (OSError, ValueError):
+        pass
+    try:
+        r = json.loads((attempt / "result.json").read_text())
+        return r if isinstance(r, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
 def _encode(value: str) -> str:
     """SPEC 9's file name of a tag value, re-implemented here (see spool/index.py's docstring)."""
     safe = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-."
@@ -246,7 +258,28 @@ def _encode(value: str) -> str:
     return cut + "~" + hashlib.sha256(raw).hexdigest()[:32]
 
 
+def _segment_lines(root: Path) -> dict[str, dict]:
+    """Format 2: job -> its line in the library index's unmerged segments."""
+    out: dict[str, dict] = {}
+    folder = root / "index" / "_segments"
+    for f in sorted(folder.glob("*.jsonl")) if folder.is_dir() else []:
+        if f.name.startswith("."):
+            continue
+        for line in f.read_bytes().splitlines():
+            try:
+                x = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(x, dict) and "job_id" in x:
+                out.setdefault(x["job_id"], x)
+    return out
+
+
 def _library(root: Path, where: dict[str, list[str]], settled: bool) -> list[str]:
+    """Section 9: a complete job is found by each required tag and has its version. Format 1:
+    index/<tag>/<value>/<job> and library/<name>/<rev>. Format 2: a line of a segment in
+    index/_segments/ (the tags in it), or, merged, the tag entries and
+    index/_versions/<aa>/<name>@<rev> (aa: the first two hex digits of the name's sha256)."""
     import tomllib
 
     try:
@@ -256,6 +289,7 @@ def _library(root: Path, where: dict[str, list[str]], settled: bool) -> list[str
     required = conf.get("acceptance", {}).get(
         "required_tags", ["campaign", "locale", "asset_type", "visibility"]
     )
+    lines = _segment_lines(root)
     out = []
     for jid, states in sorted(where.items()):
         if "complete" not in states:
@@ -264,17 +298,40 @@ def _library(root: Path, where: dict[str, list[str]], settled: bool) -> list[str
             m = json.loads((root / "manifests" / f"{jid}.json").read_text())
         except (OSError, ValueError):
             continue  # invariant 3 reports it
+        name, rev = jid.rsplit("@", 1)
+        line = lines.get(jid)
+        if line is not None:
+            for tag in required:
+                if tag in m["tags"] and line.get("tags", {}).get(tag) != m["tags"][tag]:
+                    out.append(f"section 9: complete {jid}'s segment line lacks {tag}={m['tags'][tag]!r}")
+            continue
         for tag in required:
             if tag in m["tags"] and not (root / "index" / tag / _encode(m["tags"][tag]) / jid).exists():
                 out.append(f"section 9: complete {jid} is not indexed under {tag}={m['tags'][tag]!r}")
-        name, rev = jid.rsplit("@", 1)
-        if not (root / "library" / name / rev).is_file():
-            out.append(f"section 9: complete {jid} has no version record library/{name}/{rev}")
+        shard = hashlib.sha256(name.encode()).hexdigest()[:2]
+        merged = (root / "index" / "_versions" / shard / jid).is_file()
+        if not merged and not (root / "library" / name / rev).is_file():
+            out.append(
+                f"section 9: complete {jid} has no version (library/{name}/{rev}, a segment line, "
+                f"or index/_versions/{shard}/{jid})"
+            )
     index = root / "index"
     if settled and index.is_dir():
         for entry in index.glob("*/*/*"):
+            top = entry.relative_to(index).parts[0]
+            if top.startswith("_") and top != "_sha256":
+                continue  # format 2's own folders, below
             if not entry.name.startswith(".") and not (root / "manifests" / f"{entry.name}.json").is_file():
                 out.append(f"section 9: index entry {entry.relative_to(root)} names a job without a manifest")
+        for entry in index.glob("_objects/*/*"):
+            jid = entry.name[65:]
+            if not entry.name.startswith(".") and not (root / "manifests" / f"{jid}.json").is_file():
+                out.append(f"section 9: index entry {entry.relative_to(root)} names a job without a manifest")
+        for entry in index.glob("_versions/*/*"):
+            if not entry.name.startswith(".") and not (root / "manifests" / f"{entry.name}.json").is_file():
+                out.append(
+                    f"section 9: version entry {entry.relative_to(root)} names a job without a manifest"
+                )
     return out
 
 

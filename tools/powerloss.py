@@ -53,6 +53,7 @@ import torture
 from lazyfs import LazyFS, available
 
 from spool import overview, store
+from spool.attempt import staged_result
 from spool.model import AttemptRecord, Manifest
 from spool.records import read
 from spool.tree import Tree
@@ -214,9 +215,14 @@ class Run:
         if store.verify(tree, m) is not None:
             self.note("complete_store_mismatch", jid)
         adir = tree.attempt_dir(jid, m.attempt)
-        if read(adir / "attempt.json", AttemptRecord) is None:
+        rec = read(adir / "attempt.json", AttemptRecord)
+        # The readable record of the attempt that published: its attempt.json, or (format 2,
+        # which does not fsync a slot attempt's record) the manifest naming that attempt with
+        # its identity, durable before complete/. After fsck, attempt.json always.
+        names_it = bool(m.worker and m.host and m.boot_id and m.claimed_at)
+        if rec is None and (after_repair or not names_it):
             self.note("complete_without_attempt_record", jid)
-        if after_repair and read(adir / "result.json", Manifest) is None:
+        if after_repair and staged_result(adir) is None:
             self.note("complete_without_result_record", jid)
         try:
             info = overview.job_detail(tree, jid)
@@ -443,7 +449,7 @@ def _repair_kind(p: dict[str, Any]) -> str:
     path, problem = str(p.get("path", "")), str(p.get("problem", ""))
     if path.startswith("events/"):
         return "fsck_journal_lines_rebuilt"
-    if path.endswith("result.json"):
+    if path.endswith("result.json") or path.endswith("attempt.json"):
         return (
             "fsck_result_records_rewritten"
             if p.get("repair") == "write it again"

@@ -805,7 +805,12 @@ def _maybe_point(rng: random.Random, args: argparse.Namespace) -> str | None:
     # settling dependents: frozen, or hold record written (tools/powerloss has no --depends)
     if getattr(args, "depends", 0) and rng.random() < 0.3:
         return rng.choice(DEPENDS_POINTS)
-    return rng.choice(OTHER_POINTS) if rng.random() < 0.2 else rng.choice(POINTS)
+    return rng.choice(DAEMON_OTHER_POINTS) if rng.random() < 0.2 else rng.choice(POINTS)
+
+
+#: The points off a render's path that a daemon can reach (spool migrate's is a command's:
+#: tests/test_migrate.py kills it there).
+DAEMON_OTHER_POINTS = tuple(p for p in OTHER_POINTS if p != "mid_migrate")
 
 
 #: Files dropped straight into pending/ that can never run: each must end in quarantine/.

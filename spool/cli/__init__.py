@@ -1,8 +1,9 @@
 """The ``spool`` command line: parse, call the library, print. Nothing else.
 
 Every command takes ``--spool DIR`` (or ``SPOOL_DIR``, or runs inside a spool
-folder), and every one but ``watch`` and ``serve`` takes ``--json`` for scripts. Exit codes (SPEC section 10): 0 success,
-2 invalid input or rejected, 3 not ready, 4 not found, 1 anything else.
+folder), and every one but ``watch`` and ``serve`` takes ``--json`` for scripts.
+Exit codes (SPEC section 10): 0 success, 2 invalid input or rejected, 3 not ready,
+4 not found, 1 anything else.
 
 Commands live in modules by what they are for; importing them registers them
 on the shared typer ``app``. Importing this package builds nothing: the

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from .. import enrich, index, library
+from .. import enrich, index, indexpaths, library
 from ..errors import InvalidInput, SpoolError
 from ..index import NAME_RE
 from ..model import JOB_ID_RE
@@ -113,7 +113,13 @@ def _targets(tree: Tree, cfg: Any, refs: list[str]) -> list[tuple[str, library.G
 
 def _every_visibility(tree: Tree) -> list[str]:
     """Enrichment is not discovery: it covers every visibility there is."""
-    return [v for v in (index.decode_value(n) for n in _listdir(index.index_root(tree) / "visibility")) if v]
+    merged = {
+        v
+        for v in (indexpaths.decode_value(n) for n in _listdir(indexpaths.index_root(tree) / "visibility"))
+        if v
+    }
+    recent = {x.tags["visibility"] for x in index.Snapshot(tree).view.lines() if "visibility" in x.tags}
+    return sorted(merged | recent)
 
 
 def _listdir(p: Path) -> list[str]:
@@ -128,11 +134,18 @@ def index_cmd(
     rebuild: Annotated[
         bool, typer.Option("--rebuild", help="Recreate the index from the manifests alone.")
     ] = False,
+    merge: Annotated[
+        bool,
+        typer.Option("--merge", help="Merge every index segment into the shared entries first (format 2)."),
+    ] = False,
     spool: SpoolOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Check the library index against the manifests (--rebuild repairs it)."""
+    from .. import segments
+
     tree, cfg = open_spool(spool, as_json)
+    merged = segments.merge(tree) if merge else (0, 0)
     findings = index.check(tree, cfg.acceptance.required_tags, repair=rebuild)
     tags, versions = index.size(tree)
     delays = sorted(index.delays(tree))
@@ -145,13 +158,17 @@ def index_cmd(
                 "versions": versions,
                 "index_delay_seconds": delay,
                 "rebuilt": rebuild,
+                "merged": {"segments": merged[0], "jobs": merged[1]},
+                "segments": len(segments.listed(tree)),
             }
         )
     else:
+        if merge:
+            typer.echo(f"merged {merged[0]} segment(s), {merged[1]} job(s)")
         for f in findings:
             verb = "repaired" if f.repaired else "found"
             typer.echo(f"{verb}\t{printable(f.path)}: {printable(f.problem)}")
-        typer.echo(f"index: {tags} tag entries, {versions} versions")
+        typer.echo(f"index: {tags} tag entries, {versions} versions, {len(segments.listed(tree))} segment(s)")
         if delay:
             typer.echo(f"stored -> indexed: median {delay['median']:.4f} s, max {delay['max']:.4f} s")
     if any(not f.repaired for f in findings):

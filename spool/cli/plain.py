@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
 
-from .. import secrets
+from .. import formats, secrets
 from ..errors import InvalidInput, NotFound, SpoolError
 from ..printable import printable
 from ..tree import Tree
@@ -148,6 +148,7 @@ def open_tree(spool: Path | None) -> Tree:
         for folder in _upwards(Path.cwd()):
             here = Tree.at(folder)
             if here.is_spool():
+                formats.check(here.root)
                 return here
         raise InvalidInput(
             "--spool", "no spool given and none around the current folder; pass --spool DIR or set SPOOL_DIR"
@@ -155,6 +156,7 @@ def open_tree(spool: Path | None) -> Tree:
     tree = Tree.at(given)
     if not tree.is_spool():
         raise NotFound(f"{given} is not a spool (create one with: spool init {given})")
+    formats.check(tree.root)  # a tree of a newer spool is neither read nor written here
     return tree
 
 

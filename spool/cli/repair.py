@@ -216,3 +216,31 @@ def verify_cmd(
     for code in (EXIT_ERROR, EXIT_NOT_FOUND, EXIT_NOT_READY):
         if code in codes:
             raise typer.Exit(code)
+
+
+@app.command("migrate")
+def migrate_cmd(
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only say what would be converted.")] = False,
+    spool: SpoolOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Move the spool to the newest tree format in place (crash-safe: run it again after any stop)."""
+    from .. import formats, migrate
+
+    tree, cfg = open_spool(spool, as_json)
+    try:
+        rep = migrate.migrate(tree, cfg.acceptance.required_tags, dry_run=dry_run)
+    except (SpoolError, OSError) as exc:
+        raise fail(
+            exc if isinstance(exc, SpoolError) else SpoolError(f"migrate stopped: {exc}"), as_json
+        ) from None
+    if as_json:
+        print_json({**rep.__dict__, "dry_run": dry_run, "current": formats.CURRENT})
+        return
+    verb = "would convert" if dry_run else "converted"
+    typer.echo(
+        f"format {rep.was} -> {rep.now}: {verb} {rep.versions} version record(s) to format "
+        f"{formats.CURRENT}'s index entries"
+    )
+    for path in rep.left:
+        typer.echo(f"left\t{pr(path)}: no manifest names it (spool fsck judges it)")

@@ -237,13 +237,19 @@ def rmtree(path: Path) -> None:
 # -- spools ----------------------------------------------------------------------------------
 
 
-def make_spool(root: Path, settings: dict[str, dict[str, object]], asset_roots: Sequence[str] = ()) -> Path:
-    """A fresh spool at ``root`` whose spool.toml has the defaults plus ``settings``."""
+def make_spool(
+    root: Path, settings: dict[str, dict[str, object]], asset_roots: Sequence[str] = (), *, fmt: int = 2
+) -> Path:
+    """A fresh spool at ``root`` whose spool.toml has the defaults plus ``settings``; ``fmt=1``
+    makes it a spool of the original layout (no ``FORMAT`` file), written in format 1."""
+    from spool import formats
     from spool import settings as spool_settings
     from spool.tree import Tree
 
     tree = Tree.at(root)
     tree.create()
+    if fmt == 1:
+        formats.path(root).unlink()
     # Every section and key is checked against spool's typed Config: a bad setting fails here.
     spool_settings.write(tree.config_file, {"assets": {"roots": list(asset_roots)}, **settings})
     return root

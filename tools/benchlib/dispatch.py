@@ -72,12 +72,17 @@ PEERS = {
     "rq": "RQ + redis-server",
 }
 
+#: The peer column of the side-by-side rows: the same spool on a tree of the old layout.
+FORMAT1 = "spool, tree format 1"
+
 PEER_NOTES = {
     "raw": "raw: rename(pending->running/W->done) with spool's fsyncs (file + folder at enqueue, "
     "both folders at each rename); no records, store or journal",
     "dirq": "dirq 1.8 QueueSimple (add; lock+get+remove): it never fsyncs, so it is not durable",
     "huey": "huey 3.5 SqliteHuey, WAL + synchronous=FULL (fsync=True), results stored; "
     "huey_consumer -k process -w N",
+    "format1": "spool, tree format 1: the same code on a spool without a FORMAT file (made before "
+    "issue 25), which it writes in the old layout; spool's own column is format 2",
     "rq": "RQ 3.0, redis-server on loopback without persistence (not durable), results kept; "
     "N rq worker --burst -w SimpleWorker processes",
 }
@@ -95,35 +100,43 @@ class Run:
         return self.n / (self.enqueue + self.work)
 
 
-def _spool(kind: str, workers: int, n: int, max_active: int = 1) -> Run:
+def _spool(kind: str, workers: int, n: int, max_active: int = 1, fmt: int = 2) -> Run:
+    """spool's run; ``fmt=1``: the tree of format 1 (no FORMAT file: a spool made before
+    issue 25), which the daemons write in the old layout, for the side-by-side rows."""
     with scratch(kind, "dispatch-spool") as d:
-        root = make_spool(
-            d / "spool",
-            noop_settings(limits={"max_active": max_active}),
+        return spool_at(d, workers, n, max_active, fmt)
+
+
+def spool_at(d: Path, workers: int, n: int, max_active: int = 1, fmt: int = 2) -> Run:
+    """One spool run in the empty folder ``d`` (a scratch folder, or one on a mount)."""
+    root = make_spool(
+        d / "spool",
+        noop_settings(limits={"max_active": max_active}),
+        fmt=fmt,
+    )
+    subs = [(f"noop-{i:06d}", noop_submission(f"noop-{i:06d}")) for i in range(n)]
+    t0 = time.perf_counter()
+    for name, data in subs:
+        drop_submission(root, name, data)
+    enqueue = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    procs = [
+        start(
+            [SPOOLD, "run", "--spool", str(root), "--worker", f"bench{k}", "--drain"],
+            log_path=d / f"spoold-{k}.log",
         )
-        subs = [(f"noop-{i:06d}", noop_submission(f"noop-{i:06d}")) for i in range(n)]
-        t0 = time.perf_counter()
-        for name, data in subs:
-            drop_submission(root, name, data)
-        enqueue = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        procs = [
-            start(
-                [SPOOLD, "run", "--spool", str(root), "--worker", f"bench{k}", "--drain"],
-                log_path=d / f"spoold-{k}.log",
-            )
-            for k in range(workers)
-        ]
-        wait_all(procs, timeout=600, what="spoold --drain")
-        wall = time.perf_counter() - t1
-        done = count_json(root / "complete")
-        if done != n or any(p.returncode for p in procs):
-            tail = (d / "spoold-0.log").read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"spool completed {done} of {n} no-op jobs; spoold log ends:\n{tail}")
-        evs = events(root)
-        first = min(e["t"] for e in evs)
-        last = max(e["t"] for e in evs if e.get("to") == "complete")
-        return Run(n, enqueue, last - first, wall)
+        for k in range(workers)
+    ]
+    wait_all(procs, timeout=600, what="spoold --drain")
+    wall = time.perf_counter() - t1
+    done = count_json(root / "complete")
+    if done != n or any(p.returncode for p in procs):
+        tail = (d / "spoold-0.log").read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"spool completed {done} of {n} no-op jobs; spoold log ends:\n{tail}")
+    evs = events(root)
+    first = min(e["t"] for e in evs)
+    last = max(e["t"] for e in evs if e.get("to") == "complete")
+    return Run(n, enqueue, last - first, wall)
 
 
 def _worker_window(outs: list[Path]) -> tuple[float, float, int]:
@@ -243,8 +256,8 @@ def _rq(url: str, workers: int, n: int) -> Run:
 
 def keys(mode: str) -> list[str]:
     """The rows this measure promises (the smoke test checks every one is printed)."""
-    out = [f"dispatch.{k}.w{w}.{p}" for k in ("disk", "tmpfs") for w in (1, 2) for p in PEERS]
-    return [*out, *(f"dispatch.{k}.w2x4.huey" for k in ("disk", "tmpfs"))]
+    out = [f"dispatch.{k}.w{w}.{p}" for k in ("disk", "tmpfs") for w in (1, 2) for p in (*PEERS, "format1")]
+    return [*out, *(f"dispatch.{k}.w2x4.{p}" for k in ("disk", "tmpfs") for p in ("huey", "format1"))]
 
 
 def run(mode: str, redis_url: str) -> tuple[list[Row], list[str]]:
@@ -261,9 +274,11 @@ def run(mode: str, redis_url: str) -> tuple[list[Row], list[str]]:
                 "huey": lambda k=kind, w=workers: _huey(k, w, n),
                 "rq": lambda w=workers: _rq(redis_url, w, n),
             }
+            runners["spool_f1"] = lambda k=kind, w=workers: _spool(k, w, n, fmt=1)
             extra = workers == 2
             if extra:
                 runners["spool2x4"] = lambda k=kind: _spool(k, 2, n, max_active=4)
+                runners["spool2x4_f1"] = lambda k=kind: _spool(k, 2, n, max_active=4, fmt=1)
             res: dict[str, list[Run]] = interleave(rounds, runners)
             rates = {name: [r.rate for r in runs] for name, runs in res.items()}
             for name, runs in res.items():
@@ -290,7 +305,31 @@ def run(mode: str, redis_url: str) -> tuple[list[Row], list[str]]:
                         samples={k: [r.__dict__ for r in v] for k, v in res.items() if k in ("spool", peer)},
                     )
                 )
+            rows.append(
+                Row(
+                    key=f"dispatch.{kind}.w{workers}.format1",
+                    measure=label,
+                    unit="jobs/s",
+                    spool=median(rates["spool"]),
+                    peer=FORMAT1,
+                    peer_value=median(rates["spool_f1"]),
+                    ratio=median(pair_ratios(rates["spool"], rates["spool_f1"])),
+                    samples={k: [r.__dict__ for r in res[k]] for k in ("spool", "spool_f1")},
+                )
+            )
             if extra:
+                rows.append(
+                    Row(
+                        key=f"dispatch.{kind}.w2x4.format1",
+                        measure=f"dispatch 2w x max_active 4 {kind} ({fs})",
+                        unit="jobs/s",
+                        spool=median(rates["spool2x4"]),
+                        peer=FORMAT1,
+                        peer_value=median(rates["spool2x4_f1"]),
+                        ratio=median(pair_ratios(rates["spool2x4"], rates["spool2x4_f1"])),
+                        samples={k: [r.__dict__ for r in res[k]] for k in ("spool2x4", "spool2x4_f1")},
+                    )
+                )
                 rows.append(
                     Row(
                         key=f"dispatch.{kind}.w2x4.huey",

@@ -94,7 +94,7 @@ def _write(path: Path, data: bytes) -> None:
 
 def build(root: Path, n: int) -> None:
     """``n`` complete, indexed assets, written directly (no fsync)."""
-    from spool import index
+    from spool import index, indexpaths
     from spool.model import encode
     from spool.tree import Tree
 
@@ -115,12 +115,12 @@ def build(root: Path, n: int) -> None:
         job = noop_job(f"asset-{i:06d}", _tags(i), t)
         _write(tree.job_file("complete", job.job_id), encode(job))
         for tag, value in index.wanted(m, list(_tags(i))):  # type: ignore[arg-type]
-            d = index.tag_dir(tree, tag, value)
+            d = indexpaths.tag_dir(tree, tag, value)
             if d not in made:
                 d.mkdir(parents=True, exist_ok=True)
                 made.add(d)
             _write(d / job.job_id, b"")
-        vf = index.version_file(tree, job.name, 1)
+        vf = indexpaths.version_file(tree, job.name, 1)
         vf.parent.mkdir(parents=True)
         _write(
             vf,
