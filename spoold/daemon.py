@@ -868,6 +868,9 @@ class Daemon:
         another worker's)."""
         if self.slots or self.orphans or self.driver.busy():
             return False
+        with self._changed_lock:
+            if self._changed:  # jobs it just published or failed: their dependents may move on
+                return False
         if self.quarantined is not None:
             return True
         if self.index.claimable():

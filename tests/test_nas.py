@@ -36,7 +36,7 @@ from conftest import minimal, run_cli, wait_for, write_json
 from provsim import ProviderSim
 
 from spool import accept, config, doctor, liveness, records, settings, status
-from spool import tree as tree_mod
+from spool import durable
 from spool.model import WorkerRecord, encode, now
 from spool.status import read
 from spool.tree import HOST, Tree, boot_id, write_atomic
@@ -508,22 +508,22 @@ def test_tree_read_retrying_retries_transient_errnos_then_gives_up(tmp_path, mon
             raise stale.pop(0)
         return real_open(path, mode)  # type: ignore[call-overload]
 
-    monkeypatch.setattr(tree_mod, "open", flaky_open, raising=False)
-    assert tree_mod.read_retrying(tmp_path / "x") == b"data"
+    monkeypatch.setattr(durable, "open", flaky_open, raising=False)
+    assert durable.read_retrying(tmp_path / "x") == b"data"
     calls = []
 
     def failing_open(path: object, mode: str = "r") -> object:
         calls.append(path)
         raise OSError(errno.EIO, "I/O error")
 
-    monkeypatch.setattr(tree_mod, "open", failing_open, raising=False)
+    monkeypatch.setattr(durable, "open", failing_open, raising=False)
     with pytest.raises(OSError) as err:
-        tree_mod.read_retrying(tmp_path / "x")
-    assert err.value.errno == errno.EIO and len(calls) == len(tree_mod.READ_RETRY_PAUSES) + 1
+        durable.read_retrying(tmp_path / "x")
+    assert err.value.errno == errno.EIO and len(calls) == len(durable.READ_RETRY_PAUSES) + 1
     calls.clear()
-    monkeypatch.setattr(tree_mod, "open", lambda p, m="r": (_ for _ in ()).throw(FileNotFoundError(p)))
+    monkeypatch.setattr(durable, "open", lambda p, m="r": (_ for _ in ()).throw(FileNotFoundError(p)))
     with pytest.raises(FileNotFoundError):
-        tree_mod.read_retrying(tmp_path / "x")  # missing is an answer, at once
+        durable.read_retrying(tmp_path / "x")  # missing is an answer, at once
 
 
 def test_a_heartbeat_caught_mid_replace_is_not_a_missing_worker(tree, monkeypatch):
