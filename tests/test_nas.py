@@ -35,8 +35,7 @@ import pytest
 from conftest import minimal, run_cli, wait_for, write_json
 from provsim import ProviderSim
 
-from spool import accept, config, doctor, liveness, records, settings, status
-from spool import durable
+from spool import accept, config, doctor, durable, liveness, records, settings, status
 from spool.model import WorkerRecord, encode, now
 from spool.status import read
 from spool.tree import HOST, Tree, boot_id, write_atomic
