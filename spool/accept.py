@@ -219,10 +219,12 @@ def commit(tree: Tree, job: Job, data: bytes | None = None) -> Path:
             return dest
         except FileExistsError:
             return dest  # a crashed acceptance of these same bytes left its copy (_crashed_acceptance)
+        except FileNotFoundError:
+            pass  # a daemon claimed the job already (its file moved on): a copy of its own
         except OSError as exc:
             if exc.errno not in NO_LINKS:
                 raise
-        # No hard links here: a copy of its own, fsynced.
+        # No hard links here, or nothing left to link: a copy of its own, fsynced.
         write_atomic(copy, data, mode=0o444, folder_later=True)
         return dest
     try:

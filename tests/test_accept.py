@@ -1043,3 +1043,23 @@ def test_a_revision_supersedes_an_existing_job(tree, cfg, assets):
     assert raw["supersedes"] == "ad@1" and raw["revision"] == 2
     # the first job file is not touched by its revision
     assert read_pending(tree, "ad@1")[1] == first
+
+
+def test_a_job_claimed_before_its_frozen_copy_is_linked_is_still_accepted(tree, cfg, assets, monkeypatch):
+    """Format 2 links the frozen copy to the job file once it is in pending/; a daemon
+    that claims it in between (seen under load: `spool submit` exited 1 on a job it had
+    accepted) leaves nothing to link: the copy is written on its own instead."""
+    from spool import claim
+
+    real = accept.write_atomic
+
+    def and_claimed_at_once(path, data, **kw):  # type: ignore[no-untyped-def]
+        real(path, data, **kw)
+        if path.parent == tree.pending:
+            assert claim.claim(tree, "fast", path.name[: -len(".json")])
+
+    monkeypatch.setattr(accept, "write_atomic", and_claimed_at_once)
+    job = accept.accept_bytes(tree, cfg, json.dumps(minimal(assets, name="quick")).encode(), "t")
+    copy = tree.job_attempts(job.job_id) / accept.JOB_COPY
+    assert decode(copy.read_bytes(), type(job)) == job
+    assert tree.job_file("running", job.job_id, "fast").exists()
