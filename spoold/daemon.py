@@ -27,7 +27,6 @@ from types import FrameType
 
 from spool import (
     accept,
-    blocklist,
     claim,
     config,
     depends,
@@ -37,14 +36,12 @@ from spool import (
     formats,
     fsck,
     groupcommit,
-    health,
     kinds,
     publish,
     quarantine,
     recover,
     secrets,
     segments,
-    selfcheck,
 )
 from spool.arrivals import Arrivals
 from spool.attempt import Attempt
@@ -64,7 +61,7 @@ from .driver import Driver
 from .hooks import Hook, call
 from .notify import SystemdNotify
 from .observers import Metrics, Thumbnails
-from .policies import AutoRecover
+from .policies import AutoRecover, HostQuarantine
 from .slots import Slot, SlotThreads
 from .waker import Waker
 from .watcher import Watcher
@@ -96,11 +93,9 @@ class Daemon:
         self.threads = SlotThreads()
         #: What each running attempt holds: a render slot, or a kind's own allowance.
         self.pools = Pools(capacities(cfg))
-        #: Why this worker stopped claiming (host quarantine: spool.health), if it did.
+        #: Why this worker stopped claiming (host quarantine: spool.health), if it did; set
+        #: by the HostQuarantine policy (spoold/policies.py).
         self.quarantined: str | None = None
-        self._streak = health.Streak(cfg.health.quarantine_after)
-        self._streak_lock = threading.Lock()
-        self._next_quarantine_look = 0.0
         #: Temporary disk reserved per running job (its estimate), within limits.temp_disk.
         self.reserved: dict[str, int] = {}
         #: Own running jobs whose attempt thread died: job ID -> (next try, backoff seconds).
@@ -128,7 +123,11 @@ class Daemon:
         #: Counters hooks may read (metrics): claims lost to another worker, and so on.
         self.stats: dict[str, int] = {"claim_conflicts": 0, "claims": 0}
         # The parts every daemon runs with: recovery policy, then observers.
-        self.hooks = [AutoRecover(), SystemdNotify(), Metrics(), Thumbnails()] if hooks is None else hooks
+        self.hooks = (
+            [HostQuarantine(), AutoRecover(), SystemdNotify(), Metrics(), Thumbnails()]
+            if hooks is None
+            else hooks
+        )
         self.journal.listeners.append(lambda ev: call(self.hooks, "event", self, ev))
         #: Jobs whose state this daemon changed: their dependents (spool.depends) may move on.
         self._changed: set[str] = set()
@@ -182,9 +181,8 @@ class Daemon:
         try:
             if not self._when_space("recover its own jobs", self._adopt):
                 return 0
-            self._check_health()
+            call(self.hooks, "started", self)  # policies first: a quarantine, the self-check
             self.driver.start()
-            call(self.hooks, "started", self)
             while True:
                 try:
                     if not self._step():
@@ -315,30 +313,6 @@ class Daemon:
         self._last_failure = None
         self.backoff.reset()
 
-    def _check_health(self) -> None:
-        """Before the first claim: a quarantine left from before stays in force, and
-        the self-check (spool.selfcheck) must pass for this host to claim at all."""
-        q = health.quarantined(self.tree, self.worker)
-        if q is not None:
-            self.quarantined = q.reason
-            log.error(
-                "quarantined since %s: %s; spool worker release %s lifts it", q.since, q.reason, self.worker
-            )
-            return
-        if not self.cfg.health.self_check:
-            return
-        result = selfcheck.run(self.cfg)
-        if result.ok:
-            log.info(
-                "self-check passed%s",
-                " (unchanged since last time)" if result.cached else f" in {result.seconds:.1f} s",
-            )
-            return
-        reason = f"self-check failed at step {result.step!r}: {result.detail}"
-        health.quarantine(self.tree, self.worker, reason, [f"{result.step}: {result.detail}"])
-        self.quarantined = reason
-        log.error("%s; this worker claims nothing until spool worker release %s", reason, self.worker)
-
     def _probe_filesystem(self) -> str:
         """``spool doctor``'s quick probes at start: log what the spool's filesystem
         does, apply the publish strategy, and return the watch strategy."""
@@ -394,7 +368,6 @@ class Daemon:
         else:
             self.wake.clear()
             self._check_config()
-            self._look_at_quarantine(now)
             self._accept()
             if self.index.backlog or (now >= self._next_scan and self.index.listing_due(now)):
                 self.index.refresh()  # the truth, on a timer: inotify misses other hosts
@@ -638,7 +611,7 @@ class Daemon:
         else:
             outcome = "complete"
         log.info("%s: %s", r.job_id, outcome)
-        self._note_outcome(r.job_id, outcome)
+        call(self.hooks, "attempt_ended", self, r.job_id, outcome)
 
     def _done_slot(self, jid: str) -> Slot:
         """A claim that ended before any thread ran it (quarantined, lost)."""
@@ -695,6 +668,7 @@ class Daemon:
                 self.stats["claim_conflicts"] += 1
                 continue
             self.stats["claims"] += 1
+            call(self.hooks, "claimed", self, jid)
             self.reserved[jid] = need
             self.pools.take(jid, pool)
             claimed.append((jid, pool))
@@ -710,38 +684,11 @@ class Daemon:
                 else:
                     opened[jid] = loaded  # damaged (quarantined after the batch) or gone
 
-    def _look_at_quarantine(self, now: float) -> None:
-        """An operator lifts a quarantine by removing its file (spool worker release)."""
-        if self.quarantined is None or now < self._next_quarantine_look:
-            return
-        self._next_quarantine_look = now + self.cfg.daemon.poll_interval
-        if health.quarantined(self.tree, self.worker) is None:
-            log.info("quarantine lifted: claiming again")
-            self.quarantined = None
-            self._streak = health.Streak(self.cfg.health.quarantine_after)
-
-    def _note_outcome(self, jid: str, outcome: str) -> None:
-        """Host-class failures in a row quarantine this worker (spool.health)."""
-        why = ""
-        if outcome in ("blocked", "host-failed"):
-            entry = next((e for e in blocklist.entries(self.tree, jid) if e.worker == self.worker), None)
-            why = entry.message if entry else ""
-        with self._streak_lock:  # slot threads end at once: one of them quarantines, once
-            if not self._streak.note(outcome, jid, why) or self.quarantined is not None:
-                return
-            reason = (
-                f"{len(self._streak.evidence)} host-class failures in a row "
-                f"([health] quarantine_after = {self.cfg.health.quarantine_after})"
-            )
-            health.quarantine(self.tree, self.worker, reason, list(self._streak.evidence))
-            self.quarantined = reason
-        log.error("quarantined: %s; last: %s; spool worker release %s lifts it", reason, why, self.worker)
-
     def _run_job(self, jid: str) -> None:
         try:
             outcome = execute.execute(self.ctx, jid)
             log.info("%s: %s", jid, outcome)
-            self._note_outcome(jid, outcome)
+            call(self.hooks, "attempt_ended", self, jid, outcome)
         except Exception:
             # An I/O error at a commit point (a NAS hiccup, a full disk while
             # writing a record) or a bug: the job is still ours in running/, so
@@ -772,7 +719,7 @@ class Daemon:
                 handed = True
             else:
                 log.info("%s: %s", jid, got)
-                self._note_outcome(jid, got)
+                call(self.hooks, "attempt_ended", self, jid, got)
         except Exception:
             log.exception("%s: attempt ended abnormally; recovering it", jid)
             with self._orphans_lock:
@@ -814,7 +761,7 @@ class Daemon:
         """The driver finished a job: reap it like a slot thread's. One whose ending could
         not be recorded (a full disk, a NAS hiccup) is still ours in running/: recover it
         by evidence from the loop, with backoff, as a slot thread's."""
-        self._note_outcome(jid, outcome)
+        call(self.hooks, "attempt_ended", self, jid, outcome)
         with self._orphans_lock:
             self._finished.add(jid)
             if outcome == "error":

@@ -39,6 +39,14 @@ class Hook:
         quarantining) or a job's own slot thread (claimed, complete, failed), so
         several calls may run at once; a hook that keeps state locks it."""
 
+    def claimed(self, daemon: Daemon, job_id: str) -> None:
+        """This daemon won the claim of ``job_id`` (main thread; the attempt opens next)."""
+
+    def attempt_ended(self, daemon: Daemon, job_id: str, outcome: str) -> None:
+        """An attempt of this daemon ended and its ending is recorded: ``outcome`` is where
+        the job went or why (``complete``, ``failed``, ``retry``, ``blocked``,
+        ``host-failed``, ``interrupted``...). Called on the thread that ended it."""
+
     def stopping(self, daemon: Daemon) -> None:
         """The first stop signal arrived: no more claims."""
 

@@ -1,4 +1,11 @@
-"""Recovery policy as a daemon hook: look after other workers' jobs.
+"""The daemon's policies, each a part composed like middleware (:mod:`spoold.hooks`).
+
+* :class:`HostQuarantine`: a host that fails job after job for reasons of its own stops
+  claiming (the self-check at start, a streak of host-class failures), until an operator
+  lifts it.
+* :class:`AutoRecover`: look after other workers' jobs.
+
+AutoRecover:
 
 Every ``stale_after / 4`` seconds (at least every 5 s) the daemon plans
 recovery for the other workers that have jobs in ``running/``: jobs of a dead
@@ -11,10 +18,11 @@ clock skew between hosts cannot make a healthy worker look dead.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import TYPE_CHECKING
 
-from spool import liveness, recover
+from spool import blocklist, health, liveness, recover, selfcheck
 
 from .hooks import Hook
 
@@ -47,3 +55,70 @@ class AutoRecover(Hook):
                 outcome.to_state,
                 outcome.reason,
             )
+
+
+class HostQuarantine(Hook):
+    """Host quarantine (:mod:`spool.health`): before the first claim a quarantine left from
+    before stays in force and the self-check must pass; ``[health] quarantine_after``
+    host-class failures in a row quarantine the worker; an operator lifts it by removing
+    its file (``spool worker release``). It sets ``daemon.quarantined`` (the reason, or
+    ``None``), which the loop reads before claiming."""
+
+    def __init__(self) -> None:
+        self.streak: health.Streak | None = None
+        self.lock = threading.Lock()  # slot threads end at once: one of them quarantines, once
+        self.next_look = 0.0
+
+    def started(self, daemon: Daemon) -> None:
+        self.streak = health.Streak(daemon.cfg.health.quarantine_after)
+        q = health.quarantined(daemon.tree, daemon.worker)
+        if q is not None:
+            daemon.quarantined = q.reason
+            log.error(
+                "quarantined since %s: %s; spool worker release %s lifts it", q.since, q.reason, daemon.worker
+            )
+            return
+        if not daemon.cfg.health.self_check:
+            return
+        result = selfcheck.run(daemon.cfg)
+        if result.ok:
+            log.info(
+                "self-check passed%s",
+                " (unchanged since last time)" if result.cached else f" in {result.seconds:.1f} s",
+            )
+            return
+        reason = f"self-check failed at step {result.step!r}: {result.detail}"
+        health.quarantine(daemon.tree, daemon.worker, reason, [f"{result.step}: {result.detail}"])
+        daemon.quarantined = reason
+        log.error("%s; this worker claims nothing until spool worker release %s", reason, daemon.worker)
+
+    def tick(self, daemon: Daemon) -> None:
+        now = time.monotonic()
+        if daemon.quarantined is None or now < self.next_look:
+            return
+        self.next_look = now + daemon.cfg.daemon.poll_interval
+        if health.quarantined(daemon.tree, daemon.worker) is None:
+            log.info("quarantine lifted: claiming again")
+            daemon.quarantined = None
+            with self.lock:
+                self.streak = health.Streak(daemon.cfg.health.quarantine_after)
+
+    def attempt_ended(self, daemon: Daemon, job_id: str, outcome: str) -> None:
+        why = ""
+        if outcome in ("blocked", "host-failed"):
+            entry = next(
+                (e for e in blocklist.entries(daemon.tree, job_id) if e.worker == daemon.worker), None
+            )
+            why = entry.message if entry else ""
+        with self.lock:
+            if self.streak is None:
+                self.streak = health.Streak(daemon.cfg.health.quarantine_after)
+            if not self.streak.note(outcome, job_id, why) or daemon.quarantined is not None:
+                return
+            reason = (
+                f"{len(self.streak.evidence)} host-class failures in a row "
+                f"([health] quarantine_after = {daemon.cfg.health.quarantine_after})"
+            )
+            health.quarantine(daemon.tree, daemon.worker, reason, list(self.streak.evidence))
+            daemon.quarantined = reason
+        log.error("quarantined: %s; last: %s; spool worker release %s lifts it", reason, why, daemon.worker)
