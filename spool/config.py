@@ -265,6 +265,7 @@ class Reloader:
         self.cfg = cfg
         self._sig = self._signature()
         self._told: object = self._sig  # the file state last reported on
+        self._refused: object = None  # the file state last refused
 
     def _signature(self) -> tuple[int, int, int, int] | None:
         try:
@@ -289,7 +290,11 @@ class Reloader:
         try:
             new = parse(self.path.read_bytes(), str(self.path))
         except ConfigError as exc:
-            self._told = sig
+            # Said once per state of the file: a SIGHUP right after the loop noticed the
+            # same broken file (the operator's edit, then systemctl reload) says nothing new.
+            if sig == self._told and sig == self._refused:
+                return None, None
+            self._told = self._refused = sig
             return None, f"{exc}; keeping the configuration loaded before"
         except OSError as exc:
             self._told = sig

@@ -287,3 +287,18 @@ def test_reloader_applies_a_change_refuses_a_bad_file_once_and_notices_a_deleted
 def test_the_unit_reloads_with_sighup():
     unit = (Path(__file__).parent.parent / "systemd" / "spoold@.service").read_text()
     assert "\nExecReload=/bin/kill -HUP $MAINPID\n" in unit
+
+
+def test_a_refused_file_is_said_once_even_when_a_reload_is_asked_right_after(tmp_path):
+    """The loop notices an edit that breaks spool.toml, then `systemctl reload` (SIGHUP)
+    forces a re-read of the same file: the refusal is said once; a new edit is news."""
+    path = tmp_path / "spool.toml"
+    path.write_text(config.template([str(tmp_path)]))
+    r = config.Reloader(path, config.load(path))
+    path.write_text(path.read_text() + '\n[limits]\nmax_active = "zero"\n')
+    new, line = r.check()
+    assert new is None and line is not None and "keeping the configuration loaded before" in line
+    assert r.check(force=True) == (None, None)
+    path.write_text(path.read_text() + "\n# still broken, but edited again\n")
+    new, line = r.check(force=True)
+    assert new is None and line is not None and "keeping the configuration loaded before" in line
