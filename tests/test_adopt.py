@@ -388,7 +388,8 @@ def test_adoption_across_a_nas_mount_copies_and_adopts_once(nas):  # noqa: F811
 
 def test_a_tag_changed_for_unchanged_bytes_is_reported_not_adopted_twice(small):
     tree, lib, tags_csv = small
-    adopt_cli(tree, lib, "--tags", str(tags_csv))
+    first = adopt_cli(tree, lib, "--tags", str(tags_csv))
+    assert first["counts"] == {"adopted": 6}, first["items"]
     text = tags_csv.read_text().replace("campaign-1,", "campaign-one,", 1)
     tags_csv.write_text(text)
     out = adopt_cli(tree, lib, "--tags", str(tags_csv))
