@@ -1,7 +1,7 @@
-"""Recipe -> one FFmpeg command: the only module that knows FFmpeg's filter syntax.
+"""Recipe -> one FFmpeg command: the only module that knows FFmpeg's filter syntax (but for
+the poster frame's one scale filter, in spool.thumbs).
 
-:func:`command` turns a checked recipe (spool.recipe) into an argument list;
-:func:`thumbnail_filter` is the poster frame's scale filter (spool.thumbs).
+:func:`command` turns a checked recipe (spool.recipe) into an argument list.
 
 Text never becomes filter syntax: a label's characters go into a file in the
 attempt's ``work/`` folder that ``drawtext`` reads with ``expansion=none``; the
@@ -308,8 +308,3 @@ def _encode_options(enc: Encode, has_audio: bool, render: Render) -> dict[str, o
     opts["map_metadata"] = -1
     opts["map_chapters"] = -1
     return opts
-
-
-def thumbnail_filter(width: int) -> str:
-    """The poster frame's video filter: ``width`` px wide, height in proportion and even."""
-    return f"scale={width}:-2"

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 import msgspec
 
 from .errors import InvalidInput
+from .submission import Role
 
 if TYPE_CHECKING:
     from .model import Expect, Source
@@ -54,7 +55,6 @@ Colour = Annotated[
         pattern=r"^(#[0-9A-Fa-f]{6}([0-9A-Fa-f]{2})?|[a-z]{3,12})(@(0(\.[0-9]{1,3})?|1(\.0{1,3})?))?$"
     ),
 ]
-Role = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_]{0,31}$")]
 Seconds = Annotated[float, msgspec.Meta(ge=0, le=86400)]
 Bitrate = Annotated[str, msgspec.Meta(pattern=r"^[1-9][0-9]{0,6}(k|M)?$")]
 

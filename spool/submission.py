@@ -10,7 +10,6 @@ from typing import Annotated, Any, ClassVar, cast
 
 import msgspec
 
-from . import recipe
 from .model import Expect
 from .sourceref import SourceRef
 
@@ -21,6 +20,8 @@ TagValue = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 FileName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
 User = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._@+-]{1,64}$")]
 PathText = Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+#: A source's role in a job (``main``, ``logo``): the key of ``sources``.
+Role = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_]{0,31}$")]
 
 
 class OutputRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -40,7 +41,7 @@ class Submission(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     operation: str = "render"
     #: A path inside the asset roots, or another job's output (spool.depends: ``{"job": ...}``
     #: or ``{"asset": ...}``).
-    sources: Annotated[dict[recipe.Role, PathText | SourceRef], msgspec.Meta(max_length=32)] = {}
+    sources: Annotated[dict[Role, PathText | SourceRef], msgspec.Meta(max_length=32)] = {}
     output: OutputRequest = msgspec.field(default_factory=OutputRequest)
     tags: dict[TagKey, TagValue] = {}
     priority: Annotated[int, msgspec.Meta(ge=-1000, le=1000)] = 0

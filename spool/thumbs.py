@@ -63,8 +63,6 @@ def grab(source: Path, at: float, width: int, ffmpeg: str = "ffmpeg") -> bytes:
     """One frame of ``source`` at ``at`` seconds, ``width`` pixels wide, as JPEG bytes."""
     import subprocess  # here: `spool status` only builds thumbnail URLs
 
-    from . import ffcommand
-
     argv = [
         ffmpeg,
         "-nostdin",
@@ -82,7 +80,7 @@ def grab(source: Path, at: float, width: int, ffmpeg: str = "ffmpeg") -> bytes:
         "-frames:v",
         "1",
         "-vf",
-        ffcommand.thumbnail_filter(width),
+        f"scale={width}:-2",  # width px wide, height in proportion and even
         "-q:v",
         "5",
         "-f",
