@@ -1,3 +1,3 @@
-from .main import main
+from spoold.main import main
 
 main()

@@ -4,7 +4,7 @@ One loop iteration:
 
 1. accept what finished arriving in ``incoming/`` (never dies on bad input);
 2. claim pending jobs, best first, while the pool each draws from has room
-   (render slots: ``max_active``; see spool.pools);
+   (render slots: ``max_active``; see spool.kinds.pools);
 3. refresh the heartbeat when it is due;
 4. sleep until inotify, a finished render, a signal or the poll timer wakes it.
 
@@ -25,46 +25,33 @@ from collections.abc import Callable
 from functools import partial
 from types import FrameType
 
-from spool import (
-    accept,
-    claim,
-    config,
-    depends,
-    diskfull,
-    doctor,
-    execute,
-    formats,
-    fsck,
-    groupcommit,
-    kinds,
-    publish,
-    quarantine,
-    recover,
-    secrets,
-    segments,
-)
-from spool.arrivals import Arrivals
-from spool.attempt import Attempt
-from spool.config import Config
-from spool.events import Journal
-from spool.execute import Context
-from spool.faults import crashpoint
+from spool import doctor, kinds
+from spool.core import config, secrets
+from spool.core.config import Config
+from spool.core.faults import crashpoint
+from spool.core.model import Event, JobBase, PoolUse
+from spool.disk import diskfull, formats, groupcommit
+from spool.disk.tree import Tree, make_dirs, visible_names
 from spool.kinds import capacities
-from spool.model import Event, JobBase, PoolUse
-from spool.pools import Pools
-from spool.publish import Ready
-from spool.status import count
-from spool.tree import Tree, make_dirs, visible_names
-from spool.workers import Heartbeat, Identity
-
-from .driver import Driver
-from .hooks import Hook, call
-from .notify import SystemdNotify
-from .observers import Metrics, Thumbnails
-from .policies import AutoRecover, HostQuarantine
-from .slots import Slot, SlotThreads
-from .waker import Waker
-from .watcher import Watcher
+from spool.kinds.pools import Pools
+from spool.library import segments
+from spool.queue import accept, claim, depends, execute, publish, quarantine
+from spool.queue.arrivals import Arrivals
+from spool.queue.attempt import Attempt
+from spool.queue.events import Journal
+from spool.queue.execute import Context
+from spool.queue.publish import Ready
+from spool.queue.status import count
+from spool.queue.workers import Heartbeat, Identity
+from spool.repair import fsck, recover
+from spoold.driver import Driver
+from spoold.hooks import Hook, call
+from spoold.notify import SystemdNotify
+from spoold.observers import Metrics, Thumbnails
+from spoold.policies import AutoRecover, HostQuarantine
+from spoold.slots import Slot, SlotThreads
+from spoold.waker import Waker
+from spoold.watcher import Watcher
 
 log = logging.getLogger("spoold")
 
@@ -93,7 +80,7 @@ class Daemon:
         self.threads = SlotThreads()
         #: What each running attempt holds: a render slot, or a kind's own allowance.
         self.pools = Pools(capacities(cfg))
-        #: Why this worker stopped claiming (host quarantine: spool.health), if it did; set
+        #: Why this worker stopped claiming (host quarantine: spool.queue.health), if it did; set
         #: by the HostQuarantine policy (spoold/policies.py).
         self.quarantined: str | None = None
         #: Temporary disk reserved per running job (its estimate), within limits.temp_disk.
@@ -129,7 +116,7 @@ class Daemon:
             else hooks
         )
         self.journal.listeners.append(lambda ev: call(self.hooks, "event", self, ev))
-        #: Jobs whose state this daemon changed: their dependents (spool.depends) may move on.
+        #: Jobs whose state this daemon changed: their dependents (spool.queue.depends) may move on.
         self._changed: set[str] = set()
         self._changed_lock = threading.Lock()
         self._next_sweep = 0.0
@@ -465,7 +452,7 @@ class Daemon:
             self.wake.set()
 
     def _settle(self, now: float) -> None:
-        """Dependents (spool.depends) of the jobs this daemon published, failed or accepted
+        """Dependents (spool.queue.depends) of the jobs this daemon published, failed or accepted
         move on, one batch per iteration; every ``depends.SWEEP`` s all of them are looked at
         (a publish on another host, a recovery by the CLI)."""
         with self._changed_lock:
@@ -517,7 +504,7 @@ class Daemon:
         """Publish the attempts that are ready (format 2) and claim the best pending jobs
         while their pools have room (a job whose pool is full waits; one from another pool
         may still go): one group-commit batch, so the moves out of and into this worker's
-        running folder share its fsync (:func:`spool.publish.commit`)."""
+        running folder share its fsync (:func:`spool.queue.publish.commit`)."""
         self._quarantine_damaged()
         v2 = formats.writing(self.tree.root) >= 2
         ready = self._take_ready()
@@ -732,7 +719,7 @@ class Daemon:
 
     def _tidy_index(self) -> None:
         """Format 2: compact this worker's index segments, or merge all of them, when due
-        (:func:`spool.segments.due`), on a thread of its own: off the job path, one at a
+        (:func:`spool.library.segments.due`), on a thread of its own: off the job path, one at a
         time. A failure is logged; the segments stay readable as they are."""
         if self._tidying is not None and self._tidying.is_alive():
             return

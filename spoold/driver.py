@@ -13,8 +13,8 @@ this driver, which knows nothing of what the kind does. It keeps:
   over (a download), each with an :class:`~spool.kinds.base.Abort` that a
   ``spool cancel`` or the daemon's stop trips within a second;
 * the endings every kind has: the candidate goes through
-  :func:`spool.execute.finish` (the gate, the one publish path), a failure
-  through :meth:`Kind.abandon` then :func:`spool.execute.end_attempt`;
+  :func:`spool.queue.execute.finish` (the gate, the one publish path), a failure
+  through :meth:`Kind.abandon` then :func:`spool.queue.execute.end_attempt`;
 * the kind's audits of ended attempts (a late remote result, recorded only).
 
 Memory per attempt in flight is one heap entry and one small tuple; the job
@@ -34,13 +34,14 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from spool import cancel, kinds, quarantine
-from spool.attempt import Attempt
-from spool.context import Context
-from spool.errors import Deferred, Failed, Interrupted, LostOwnership
-from spool.execute import end_attempt, execute, finish, start
+from spool import kinds
+from spool.core.errors import Deferred, Failed, Interrupted, LostOwnership
+from spool.core.model import JobBase
 from spool.kinds.base import Abort, Kind, Next
-from spool.model import JobBase
+from spool.queue import cancel, quarantine
+from spool.queue.attempt import Attempt
+from spool.queue.context import Context
+from spool.queue.execute import end_attempt, execute, finish, start
 
 log = logging.getLogger("spoold.driver")
 
@@ -388,7 +389,7 @@ class Driver:
 
 
 def _located(exc: BaseException, job_id: str) -> BaseException:
-    """What :func:`spool.execute.end_attempt` records for an exception of a step."""
+    """What :func:`spool.queue.execute.end_attempt` records for an exception of a step."""
     if isinstance(exc, Failed | Deferred | Interrupted | LostOwnership | OSError | quarantine.Damaged):
         return exc
     log.error("%s: unexpected %s in a step", job_id, type(exc).__name__, exc_info=exc)

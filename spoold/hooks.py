@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from spool.model import Event
+from spool.core.model import Event
 
 if TYPE_CHECKING:
-    from .daemon import Daemon
+    from spoold.daemon import Daemon
 
 log = logging.getLogger("spoold.hooks")
 

@@ -11,13 +11,13 @@ from typing import Annotated
 
 import typer
 
-from spool import config, diskfull, formats, secrets
-from spool.errors import SpoolError
-from spool.tree import Tree
-from spool.workers import worker_id
-
-from .daemon import Daemon
-from .notify import log_handler
+from spool.core import config, secrets
+from spool.core.errors import SpoolError
+from spool.disk import diskfull, formats
+from spool.disk.tree import Tree
+from spool.queue.workers import worker_id
+from spoold.daemon import Daemon
+from spoold.notify import log_handler
 
 # No locals in tracebacks: they would print the whole config (and secrets) to the journal.
 app = typer.Typer(

@@ -35,13 +35,12 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from spool.model import Event
-from spool.status import count, job_ids
-
-from .hooks import Hook
+from spool.core.model import Event
+from spool.queue.status import count, job_ids
+from spoold.hooks import Hook
 
 if TYPE_CHECKING:
-    from .daemon import Daemon
+    from spoold.daemon import Daemon
 
 log = logging.getLogger("spoold.notify")
 

@@ -15,22 +15,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from spool import kinds, metrics, overview, thumbs
-from spool.families import Family
-from spool.model import Event, Manifest
-from spool.status import read
-from spool.tree import make_dirs
-
-from .hooks import Hook
+from spool import kinds
+from spool.core.families import Family
+from spool.core.model import Event, Manifest
+from spool.disk.tree import make_dirs
+from spool.media import thumbs
+from spool.observe import metrics, overview
+from spool.queue.status import read
+from spoold.hooks import Hook
 
 if TYPE_CHECKING:
-    from .daemon import Daemon
+    from spoold.daemon import Daemon
 
 log = logging.getLogger("spoold.observers")
 
 
 class Metrics(Hook):
-    """Keeps ``<metrics_dir>/spool-<worker>.prom`` up to date (see :mod:`spool.metrics`).
+    """Keeps ``<metrics_dir>/spool-<worker>.prom`` up to date (see :mod:`spool.observe.metrics`).
 
     The loop thread only takes a snapshot of what the daemon knows (its counters,
     its claim index's count, its heartbeat); a thread of the hook's own asks the

@@ -22,12 +22,13 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from spool import blocklist, health, liveness, recover, selfcheck
-
-from .hooks import Hook
+from spool.kinds.render import selfcheck
+from spool.queue import blocklist, health, liveness
+from spool.repair import recover
+from spoold.hooks import Hook
 
 if TYPE_CHECKING:
-    from .daemon import Daemon
+    from spoold.daemon import Daemon
 
 log = logging.getLogger("spoold.recovery")
 
@@ -58,7 +59,7 @@ class AutoRecover(Hook):
 
 
 class HostQuarantine(Hook):
-    """Host quarantine (:mod:`spool.health`): before the first claim a quarantine left from
+    """Host quarantine (:mod:`spool.queue.health`): before the first claim a quarantine left from
     before stays in force and the self-check must pass; ``[health] quarantine_after``
     host-class failures in a row quarantine the worker; an operator lifts it by removing
     its file (``spool worker release``). It sets ``daemon.quarantined`` (the reason, or

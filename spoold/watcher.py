@@ -25,9 +25,8 @@ from watchdog.events import (
 )
 from watchdog.observers import Observer
 
-from spool.arrivals import Arrivals
-
-from .waker import Waker
+from spool.queue.arrivals import Arrivals
+from spoold.waker import Waker
 
 log = logging.getLogger("spoold.watcher")
 

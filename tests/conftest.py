@@ -20,9 +20,10 @@ from typing import Any
 
 import pytest
 
-from spool import config, samples, settings
-from spool.events import Journal
-from spool.tree import Tree
+from spool.core import config, settings
+from spool.disk.tree import Tree
+from spool.media import samples
+from spool.queue.events import Journal
 
 # tools/ holds the independent invariant checker the tests share with the harnesses.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))

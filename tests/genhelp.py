@@ -17,11 +17,12 @@ from typing import Any
 from conftest import TAGS
 from provsim import ProviderSim
 
-from spool import accept, config
+from spool.core import config
+from spool.core.model import Failure, Manifest
+from spool.disk.records import read
+from spool.disk.tree import Tree
 from spool.kinds.generate import states
-from spool.model import Failure, Manifest
-from spool.records import read
-from spool.tree import Tree
+from spool.queue import accept
 
 TOKEN = "r8_GenTestToken_5f2d9c0a7e11b3c4"
 ENV_NAME = "SPOOL_TEST_GEN_TOKEN"

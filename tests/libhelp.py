@@ -6,10 +6,11 @@ import json
 import threading
 from typing import Any
 
-from spool import accept, claim, config, execute, settings
-from spool.context import Context
-from spool.events import Journal
-from spool.tree import Tree
+from spool.core import config, settings
+from spool.disk.tree import Tree
+from spool.queue import accept, claim, execute
+from spool.queue.context import Context
+from spool.queue.events import Journal
 
 
 def allow_noop(tree: Tree, **sections: dict[str, Any]) -> config.Config:

@@ -26,11 +26,12 @@ from typing import Any
 import pytest
 from conftest import TAGS, minimal, run_cli, state_files, submission, wait_for
 
-from spool import accept, config, settings
+from spool.core import config, settings
+from spool.core.model import canonical_json, decode
+from spool.disk.tree import Tree
 from spool.kinds import Job
-from spool.model import canonical_json, decode
-from spool.status import locate
-from spool.tree import Tree
+from spool.queue import accept
+from spool.queue.status import locate
 
 # -- the corpus --------------------------------------------------------------------------
 
@@ -1049,7 +1050,7 @@ def test_a_job_claimed_before_its_frozen_copy_is_linked_is_still_accepted(tree, 
     """Format 2 links the frozen copy to the job file once it is in pending/; a daemon
     that claims it in between (seen under load: `spool submit` exited 1 on a job it had
     accepted) leaves nothing to link: the copy is written on its own instead."""
-    from spool import claim
+    from spool.queue import claim
 
     real = accept.write_atomic
 

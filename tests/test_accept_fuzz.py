@@ -27,11 +27,12 @@ from conftest import minimal, submission
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from spool import accept, config
-from spool.errors import InvalidInput
+from spool.core import config
+from spool.core.errors import InvalidInput
+from spool.core.model import Rejection, decode
+from spool.disk.tree import Tree
 from spool.kinds import Job
-from spool.model import Rejection, decode
-from spool.tree import Tree
+from spool.queue import accept
 
 EXAMPLES = int(os.environ.get("SPOOL_FUZZ_EXAMPLES", "150"))
 #: Wall-clock ceiling of one example; a hang fails the test instead of stalling it.

@@ -21,8 +21,10 @@ import pytest
 from conftest import SPOOL, TAGS, run_cli, wait_for
 from test_nas import nas  # noqa: F401 - the sshfs mounts fixture
 
-from spool import adopt, library, settings, store
-from spool.tree import Tree
+from spool.core import settings
+from spool.disk import store
+from spool.disk.tree import Tree
+from spool.library import adopt, catalog
 
 FILES = int(os.environ.get("SPOOL_ADOPT_FILES", "200"))
 REQUIRED = ("campaign", "locale", "asset_type", "visibility")
@@ -103,11 +105,11 @@ def adopt_cli(tree: Tree, folder: Path, *extra: str, env: dict[str, str] | None 
 
 def library_state(tree: Tree) -> dict[str, tuple[int, str, dict[str, str], str]]:
     """Every asset: (current revision, sha256, tags, output file) from the index and manifests."""
-    from spool.index import names, read_version
+    from spool.library.index import names, read_version
 
     out = {}
     for name in names(tree):
-        cur = library.current_revision(tree, name)
+        cur = catalog.current_revision(tree, name)
         assert cur is not None, name
         v = read_version(tree, name, cur)
         m = json.loads(tree.manifest_file(f"{name}@{cur}").read_text())
@@ -296,7 +298,7 @@ def test_asset_names_are_stable_readable_and_never_shared():
     names = {adopt.asset_name(p) for p in ("a b.mp4", "a-b.mp4", "A-B.mp4", "a/b.mp4", "a--b.mp4", "é.mp4")}
     assert len(names) == 6
     long = adopt.asset_name("x" * 300 + ".mp4")
-    assert len(long) <= 96 and library.NAME_RE.match(long)
+    assert len(long) <= 96 and catalog.NAME_RE.match(long)
 
 
 def test_outside_the_asset_roots_is_refused(small, tmp_path):

@@ -15,12 +15,14 @@ import invariants
 from conftest import run_cli, state_files
 from libhelp import allow_noop, noop_sub, publish, tags_for
 
-from spool import accept, formats, index, library, segments
-from spool.tree import Tree
+from spool.disk import formats
+from spool.disk.tree import Tree
+from spool.library import catalog, index, segments
+from spool.queue import accept
 
 
 def _hits(tree: Tree, cfg) -> list[str]:
-    return sorted(h.job for h in library.search(tree, cfg, library.parse_terms(["asset_type=ad"])).results)
+    return sorted(h.job for h in catalog.search(tree, cfg, catalog.parse_terms(["asset_type=ad"])).results)
 
 
 def _completes(tree: Tree) -> dict[str, int]:
@@ -93,7 +95,7 @@ def test_a_compaction_killed_before_removing_the_old_segments_loses_nothing(tree
     assert len(segs) == 4 and {segments.writer_of(s) for s in segs} == {"w1"}
     # What a daemon's tidying thread runs once it has COMPACT_FILES segments (spoold).
     code = (
-        "from spool import segments; from spool.tree import Tree; "
+        "from spool.library import segments; from spool.disk.tree import Tree; "
         f"segments.compact(Tree.at({str(tree.root)!r}), 'w1')"
     )
     env = {**os.environ, "SPOOL_CRASH_AT": "mid_index_compact"}

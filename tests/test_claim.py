@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import minimal
 
-from spool import accept, claim
-from spool.tree import Tree, transfer
+from spool.disk.tree import Tree, transfer
+from spool.queue import accept, claim
 
 ROUNDS = 200
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from spool import claim
-from spool.tree import Tree
+from spool.disk.tree import Tree
+from spool.queue import claim
 
 
 @pytest.fixture()

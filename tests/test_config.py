@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from spool import config, units
-from spool.errors import EXIT_INVALID, ConfigError, InvalidInput
+from spool.core import config, units
+from spool.core.errors import EXIT_INVALID, ConfigError, InvalidInput
 
 #: Every folder of SPEC section 1.
 SPEC_FOLDERS = (

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import minimal, run_cli, state_files, wait_for, write_json
 
-from spool import config, samples, settings
-from spool.tree import HOST, Tree
+from spool.core import config, settings
+from spool.disk.tree import HOST, Tree
+from spool.media import samples
 
 
 def _events(tree: Tree) -> list[dict]:
@@ -87,7 +88,7 @@ def test_a_worker_identity_runs_once_per_host(tree, daemons):
 
 
 def _host() -> str:
-    from spool.tree import HOST
+    from spool.disk.tree import HOST
 
     return HOST
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from spool.attempt import open_attempt
-from spool.model import Evidence
-from spool.recover import decide
-from spool.tree import Tree
+from spool.core.model import Evidence
+from spool.disk.tree import Tree
+from spool.queue.attempt import open_attempt
+from spool.repair.recover import decide
 
 
 def ev(**kw: object) -> Evidence:
@@ -70,7 +70,7 @@ def test_decide_table(evidence: Evidence, max_attempts: int, valid: bool | None,
 def test_table_covers_every_decision():
     from typing import get_args
 
-    from spool.model import Decision
+    from spool.core.model import Decision
 
     assert {row[3] for row in TABLE} == set(get_args(Decision))
 

@@ -14,14 +14,15 @@ import pytest
 from conftest import TAGS, minimal, run_cli, wait_for
 from libhelp import publish
 
-from spool import accept, claim, depends, execute, fsck, intent
-from spool.config import Config
-from spool.context import Context
-from spool.errors import InvalidInput
-from spool.eventlog import history
-from spool.events import Journal
-from spool.faults import OTHER_POINTS
-from spool.tree import Tree
+from spool.core.config import Config
+from spool.core.errors import InvalidInput
+from spool.core.faults import OTHER_POINTS
+from spool.disk.tree import Tree
+from spool.observe.eventlog import history
+from spool.queue import accept, claim, depends, execute, intent
+from spool.queue.context import Context
+from spool.queue.events import Journal
+from spool.repair import fsck
 
 
 def upstream(assets: Path, name: str = "master", **over: Any) -> dict[str, Any]:
@@ -56,14 +57,14 @@ def accept_sub(tree: Tree, cfg: Config, sub: dict[str, Any]) -> str:
 
 
 def state(tree: Tree, jid: str) -> str | None:
-    from spool.status import locate
+    from spool.queue.status import locate
 
     loc = locate(tree, jid)
     return loc.state if loc else None
 
 
 def job_file(tree: Tree, jid: str) -> dict[str, Any]:
-    from spool.status import locate
+    from spool.queue.status import locate
 
     loc = locate(tree, jid)
     assert loc is not None
@@ -330,14 +331,14 @@ def test_a_dependent_another_daemon_moved_on_meanwhile_is_not_brought_back(
     accept_sub(tree, cfg, upstream(assets))
     accept_sub(tree, cfg, dependent("cut", {"job": "master"}))
     assert state(tree, "cut@1") == "waiting" and run(tree, cfg, "master@1") == "complete"
-    from spool import tree as tree_mod
+    from spool.disk import tree as tree_mod
 
     real = depends.freeze
 
     def raced(*args: Any, **kw: Any) -> Any:
         frozen = real(*args, **kw)
-        from spool.model import encode
-        from spool.tree import write_atomic
+        from spool.core.model import encode
+        from spool.disk.tree import write_atomic
 
         write_atomic(tree.job_file("waiting", "cut@1"), encode(frozen))  # the other daemon's settle
         assert tree_mod.transfer(tree.job_file("waiting", "cut@1"), tree.job_file("pending", "cut@1"))
@@ -355,7 +356,7 @@ def test_a_dependent_another_daemon_moved_on_meanwhile_is_not_brought_back(
 
 @pytest.mark.parametrize("exchange", [True, False], ids=["renameat2-exchange", "fallback"])
 def test_replace_existing_never_brings_back_a_name_that_is_gone(tmp_path, monkeypatch, exchange):
-    from spool import durable
+    from spool.disk import durable
 
     if not exchange:
         monkeypatch.setattr(durable, "_renameat2", False)  # a filesystem without exchanges

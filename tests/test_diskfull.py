@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from conftest import Daemon, minimal, run_cli, wait_for
 
-from spool import settings, status
-from spool.tree import Tree
+from spool.core import settings
+from spool.disk.tree import Tree
+from spool.queue import status
 
 
 @pytest.fixture()

@@ -16,8 +16,9 @@ import msgspec
 import pytest
 from conftest import minimal, run_cli, write_json
 
-from spool import config, doctor, settings
-from spool.tree import HOST, Tree
+from spool import doctor
+from spool.core import config, settings
+from spool.disk.tree import HOST, Tree
 
 MOUNTINFO = r"""22 27 0:21 / /proc rw,relatime - proc proc rw
 27 1 254:0 / / rw,relatime - ext4 /dev/vda rw

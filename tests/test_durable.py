@@ -1,4 +1,4 @@
-"""The tree layer's durable-write toolkit (spool/tree.py): one link-or-copy with one errno
+"""The tree layer's durable-write toolkit (spool/disk/tree.py): one link-or-copy with one errno
 set, and a copy that is whole and checked or absent. Exercised on real filesystems: a link
 within the test's folder, and across filesystems (ext4 -> tmpfs at /dev/shm), where the
 kernel itself answers EXDEV."""
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from spool.tree import NO_LINKS, copy_verified, link_or_copy
+from spool.disk.tree import NO_LINKS, copy_verified, link_or_copy
 
 
 @pytest.fixture()

@@ -12,8 +12,9 @@ import pytest
 from conftest import minimal, run_cli
 from libhelp import publish
 
-from spool import enrich, library, store
-from spool.errors import InvalidInput
+from spool.core.errors import InvalidInput
+from spool.disk import store
+from spool.library import catalog, enrich
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +58,7 @@ def test_unknown_field_is_refused_by_name(tree, cfg, cut_clip):
 
 
 def test_comparison_syntax():
-    q = library.parse_terms(["campaign=a<b", "loudness<-20", "scenes>=3", "black!=0", "fps=25"])
+    q = catalog.parse_terms(["campaign=a<b", "loudness<-20", "scenes>=3", "black!=0", "fps=25"])
     assert q.tags == {"campaign": "a<b"}
     assert [(c.field, c.op, c.value) for c in q.comparisons] == [
         ("loudness", "<", -20.0),
@@ -65,11 +66,11 @@ def test_comparison_syntax():
         ("black", "!=", 0.0),
         ("fps", "=", 25.0),
     ]
-    assert library.Comparison("loudness", "<", -20.0).test(-23.0)
-    assert not library.Comparison("scenes", ">=", 3.0).test(2)
+    assert catalog.Comparison("loudness", "<", -20.0).test(-23.0)
+    assert not catalog.Comparison("scenes", ">=", 3.0).test(2)
     for bad in ("campaign", "scenes>=many", "=x", "campaign<x"):
         with pytest.raises(InvalidInput):
-            library.parse_terms([bad])
+            catalog.parse_terms([bad])
 
 
 @pytest.mark.system  # long: the system tier

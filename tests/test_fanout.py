@@ -13,11 +13,12 @@ import invariants
 import pytest
 from conftest import TAGS, run_cli, write_json
 
-from spool import accept, claim, depends, execute, intent, kinds
-from spool.context import Context
-from spool.errors import InvalidInput
-from spool.events import Journal
-from spool.status import locate
+from spool import kinds
+from spool.core.errors import InvalidInput
+from spool.queue import accept, claim, depends, execute, intent
+from spool.queue.context import Context
+from spool.queue.events import Journal
+from spool.queue.status import locate
 
 
 def ad(assets: Any, clip: Any = None, **over: Any) -> dict[str, Any]:
@@ -163,7 +164,7 @@ def test_the_demos_brief_makes_the_whole_campaign(tree, assets, daemons):
     from genhelp import ENV_NAME, TOKEN, configure
     from provsim import ProviderSim
 
-    from spool import samples
+    from spool.media import samples
 
     demo = importlib.import_module("demo")  # tools/demo.py (tools/ is on sys.path: conftest)
 

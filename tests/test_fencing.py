@@ -9,8 +9,8 @@ import signal
 import invariants
 from conftest import minimal, run_cli, state_files, wait_for, write_json
 
-from spool.attempt import staged_result
-from spool.tree import HOST
+from spool.disk.tree import HOST
+from spool.queue.attempt import staged_result
 
 
 def test_paused_worker_resumes_after_its_job_was_recovered(tree, assets, daemons):

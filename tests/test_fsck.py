@@ -14,10 +14,10 @@ import pytest
 from conftest import minimal, run_cli
 from libhelp import allow_noop, as_format_1, noop_sub
 
-from spool import accept, claim, execute
-from spool.attempt import staged_result
-from spool.model import Manifest
-from spool.records import read
+from spool.core.model import Manifest
+from spool.disk.records import read
+from spool.queue import accept, claim, execute
+from spool.queue.attempt import staged_result
 
 
 @pytest.fixture()
@@ -224,7 +224,7 @@ def test_a_tampered_store_object_is_restored_from_an_intact_work_copy(done):
     assert (
         p["invariant"] == 2 and p["repaired"] and p["repair"].startswith("restore it from attempts/good@1/")
     )
-    from spool.store import sha256_file
+    from spool.disk.store import sha256_file
 
     assert sha256_file(obj)[0] == digest
     assert stat.S_IMODE(obj.stat().st_mode) == 0o444

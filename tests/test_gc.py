@@ -10,7 +10,8 @@ import time
 import invariants
 from conftest import minimal, run_cli
 
-from spool import accept, claim, execute, gc
+from spool.queue import accept, claim, execute
+from spool.repair import gc
 
 
 def _render(tree, cfg, journal, assets, name, **over):
@@ -61,7 +62,7 @@ def test_gc_keeps_work_within_retention_and_of_running_attempts(tree, cfg, journ
     # an attempt in progress (job in running/, no closing record) is never collected
     job = accept.accept_bytes(tree, cfg, json.dumps(minimal(assets, name="busy")).encode(), "t")
     assert claim.claim(tree, "w1", job.job_id)
-    from spool.attempt import open_attempt
+    from spool.queue.attempt import open_attempt
 
     att = open_attempt(tree, job.job_id, "w1")
     (att.work / "busy.mp4").write_bytes(b"partial")

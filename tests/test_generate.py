@@ -35,14 +35,15 @@ from genhelp import (
 )
 from provsim import ProviderSim
 
-from spool import config, families, kinds, settings
-from spool.errors import InvalidInput
-from spool.faults import OTHER_POINTS
+from spool import kinds
+from spool.core import config, families, settings
+from spool.core.errors import InvalidInput
+from spool.core.faults import OTHER_POINTS
+from spool.core.model import Failure, Manifest, encode
+from spool.disk.records import read
+from spool.disk.tree import Tree
 from spool.kinds import KINDS, GenerateJob, decode_job
 from spool.kinds.generate import states as generation
-from spool.model import Failure, Manifest, encode
-from spool.records import read
-from spool.tree import Tree
 
 
 @pytest.fixture(scope="module")

@@ -33,8 +33,8 @@ from genhelp import (
 )
 from provsim import ProviderSim
 
-from spool import settings
-from spool.tree import Tree
+from spool.core import settings
+from spool.disk.tree import Tree
 
 TOKEN = ENV["SPOOL_TEST_GEN_TOKEN"]
 

@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 from libhelp import allow_noop, noop_sub, tags_for
 
-from spool import accept, groupcommit
-from spool.groupcommit import Coalescer, fsync_folder_now, together
-from spool.tree import Tree, fsync_dir, visible_names
+from spool.disk import groupcommit
+from spool.disk.groupcommit import Coalescer, fsync_folder_now, together
+from spool.disk.tree import Tree, fsync_dir, visible_names
+from spool.queue import accept
 
 
 class Watched:
@@ -272,10 +273,10 @@ def test_a_batch_at_once_fsyncs_its_folders_concurrently(tmp_path: Path, watched
 
 
 def test_only_an_explicit_act_routes_folder_fsyncs_never_an_import() -> None:
-    """Importing spool.groupcommit changes nothing; installing a coalescer or beginning a
+    """Importing spool.disk.groupcommit changes nothing; installing a coalescer or beginning a
     batch does (the tree layer's behaviour never hangs on what happened to be imported)."""
     code = (
-        "import spool.durable as t, spool.groupcommit as g\n"
+        "import spool.disk.durable as t, spool.disk.groupcommit as g\n"
         "print(t._folder_router is None)\n"
         "with g.together():\n"
         "    pass\n"

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 from conftest import minimal, run_cli, wait_for, write_json
 
-from spool import blocklist, health, settings
-from spool.model import Failure, decode
-from spool.tree import HOST, Tree
+from spool.core import settings
+from spool.core.model import Failure, decode
+from spool.disk.tree import HOST, Tree
+from spool.queue import blocklist, health
 
 REAL_FFMPEG = shutil.which("ffmpeg")
 
@@ -164,7 +165,7 @@ def test_classify_exit(code, tail, wrote, fault):
 def test_verdict_moves_on_until_two_workers_or_nobody_else():
     from datetime import UTC, datetime
 
-    from spool.model import BlockEntry
+    from spool.core.model import BlockEntry
 
     def e(w: str) -> BlockEntry:
         return BlockEntry(

@@ -16,9 +16,11 @@ import pytest
 from conftest import run_cli, state_files, wait_for
 from libhelp import allow_noop, as_format_1, noop_sub, publish, tags_for
 
-from spool import accept, config, index, library, segments
-from spool.indexpaths import decode_value, encode_value
-from spool.model import Manifest, decode
+from spool.core import config
+from spool.core.model import Manifest, decode
+from spool.library import catalog, index, segments
+from spool.library.indexpaths import decode_value, encode_value
+from spool.queue import accept
 
 VALUES = [
     "en-GB",
@@ -79,7 +81,7 @@ def test_publish_writes_a_segment_line_that_a_merge_turns_into_shared_entries(tr
     assert line["job_id"] == jid and line["tags"] == tags and line["sha256"] == m["output"]["sha256"]
     assert not (tree.root / "index" / "campaign").exists() and not (tree.root / "library" / "spot").exists()
     assert index.check(tree, cfg.acceptance.required_tags, repair=False) == []
-    [hit] = library.search(tree, cfg, library.parse_terms(["campaign=Été 2026"])).results
+    [hit] = catalog.search(tree, cfg, catalog.parse_terms(["campaign=Été 2026"])).results
     assert hit.job == jid
     # Idempotent: a second call (recovery, fsck) writes no second segment.
     index.index_job(
@@ -95,7 +97,7 @@ def test_publish_writes_a_segment_line_that_a_merge_turns_into_shared_entries(tr
     assert segments.merged_version(tree, "spot", 1).is_file()
     assert (tree.root / "index" / "_names" / "spot").is_file()
     assert index.check(tree, cfg.acceptance.required_tags, repair=False) == []
-    [hit] = library.search(tree, cfg, library.parse_terms(["campaign=Été 2026"])).results
+    [hit] = catalog.search(tree, cfg, catalog.parse_terms(["campaign=Été 2026"])).results
     assert hit.job == jid
     v = index.read_version(tree, "spot", 1)
     assert v is not None and v.sha256 == digest and v.indexed_at == datetime.fromisoformat(line["indexed_at"])
@@ -110,12 +112,12 @@ def test_kill_9_around_the_index_leaves_a_consistent_index_after_recovery(point,
     assert d.wait(timeout=60) == -signal.SIGKILL, d.output()
     # Not complete yet, so not a hit yet (and never an unreadable one).
     assert state_files(tree)["running"] == ["crash@1.json"]
-    assert library.search(tree, cfg, library.parse_terms(["campaign=c1"])).results == []
+    assert catalog.search(tree, cfg, catalog.parse_terms(["campaign=c1"])).results == []
     again = daemons(tree, "w1", drain=True)
     assert again.wait(timeout=60) == 0, again.output()
     assert state_files(tree)["complete"] == ["crash@1.json"]
     assert index.check(tree, cfg.acceptance.required_tags, repair=False) == []
-    [hit] = library.search(tree, cfg, library.parse_terms(["campaign=c1", "locale=fr-FR"])).results
+    [hit] = catalog.search(tree, cfg, catalog.parse_terms(["campaign=c1", "locale=fr-FR"])).results
     assert hit.job == job.job_id
     assert invariants.check(tree.root) == []
 
@@ -158,7 +160,7 @@ def test_fsck_repairs_a_deleted_and_a_stray_entry(tree, fmt):
     assert version.exists()
     assert not (ghost / "ghost@1").exists()
     assert index.check(tree, cfg.acceptance.required_tags, repair=False) == []
-    assert [h.job for h in library.search(tree, cfg, library.parse_terms(["locale=en-GB"])).results] == [a]
+    assert [h.job for h in catalog.search(tree, cfg, catalog.parse_terms(["locale=en-GB"])).results] == [a]
 
 
 @pytest.mark.parametrize("fmt", [1, 2])
@@ -241,6 +243,6 @@ def test_no_false_hit_or_miss_while_two_daemons_publish(tree, daemons):
     # At rest: every job is found by each of its tags, once.
     for tag in ("campaign", "locale"):
         for value in {tags_for(i)[tag] for i in range(n)}:
-            got = library.search(tree, cfg, library.parse_terms([f"{tag}={value}"])).results
+            got = catalog.search(tree, cfg, catalog.parse_terms([f"{tag}={value}"])).results
             assert len(got) == sum(1 for i in range(n) if tags_for(i)[tag] == value)
     assert index.check(tree, config.load(tree.config_file).acceptance.required_tags, repair=False) == []

@@ -15,12 +15,13 @@ from pathlib import Path
 
 from conftest import minimal, wait_for
 
-from spool import accept, settings, status
-from spool.arrivals import Arrivals
-from spool.config import Config
-from spool.events import Journal
-from spool.model import Rejection, decode
-from spool.tree import Tree
+from spool.core import settings
+from spool.core.config import Config
+from spool.core.model import Rejection, decode
+from spool.disk.tree import Tree
+from spool.queue import accept, status
+from spool.queue.arrivals import Arrivals
+from spool.queue.events import Journal
 from spoold.waker import Waker
 from spoold.watcher import Watcher
 

@@ -10,7 +10,7 @@ import time
 import invariants
 from conftest import minimal, run_cli, state_files, wait_for, write_json
 
-from spool import settings
+from spool.core import settings
 
 
 def _submit(tree, assets, name, **over):

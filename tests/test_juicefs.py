@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from spool.tree import Tree
+from spool.disk.tree import Tree
 
 ROOT = Path(__file__).resolve().parents[1]
 JUICEFSMOUNT = ROOT / "tools" / "juicefsmount"

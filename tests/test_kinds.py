@@ -15,13 +15,14 @@ import msgspec
 import pytest
 from conftest import TAGS, minimal, run_cli, wait_for, write_json
 
-from spool import accept, kinds, pools
-from spool.config import Config
-from spool.errors import InvalidInput
-from spool.kinds import KINDS, NoopJob, RenderJob, decode_job
-from spool.model import WorkerRecord, encode
-from spool.pools import Pools
-from spool.tree import HOST, Tree
+from spool import kinds
+from spool.core.config import Config
+from spool.core.errors import InvalidInput
+from spool.core.model import WorkerRecord, encode
+from spool.disk.tree import HOST, Tree
+from spool.kinds import KINDS, NoopJob, RenderJob, decode_job, pools
+from spool.kinds.pools import Pools
+from spool.queue import accept
 
 ROOT = Path(__file__).resolve().parent.parent
 

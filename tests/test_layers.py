@@ -14,20 +14,22 @@ from conftest import minimal, run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spool import accept, claim, execute, ffcommand, fonts, layers, probe
-from spool.config import Config, Layers, Render, parse
-from spool.errors import InvalidInput
-from spool.events import Journal
-from spool.kinds.render import RenderJob
-from spool.layers import Rect
-from spool.model import LayerBox, Manifest, ProbeSummary, Source, VideoInfo, decode
-from spool.recipe import Recipe
-from spool.tree import Tree
+from spool.core.config import Config, Layers, Render, parse
+from spool.core.errors import InvalidInput
+from spool.core.model import LayerBox, Manifest, ProbeSummary, Source, VideoInfo, decode
+from spool.disk.tree import Tree
+from spool.kinds.render import ffcommand, fonts, layers
+from spool.kinds.render.kind import RenderJob
+from spool.kinds.render.recipe import Recipe
+from spool.media import probe, safearea
+from spool.media.safearea import Rect
+from spool.queue import accept, claim, execute
+from spool.queue.events import Journal
 
 FONT = fonts.resolve()
 LABEL = "The Morning Mug – only £9.99"
 FRAMES = {"16:9": (1280, 720), "9:16": (720, 1280), "1:1": (720, 720)}
-SAFE_AREAS: list[float | str] = [0.9, 0.8, 1.0, "social", *layers.PRESETS]
+SAFE_AREAS: list[float | str] = [0.9, 0.8, 1.0, "social", *safearea.PRESETS]
 POSITIONS = [
     "top-left",
     "top",
@@ -138,13 +140,13 @@ def test_measured_box_is_exactly_drawtexts_text_box(text, size, tmp_path):
 @pytest.mark.parametrize("safe", SAFE_AREAS)
 def test_labels_that_just_fit_are_placed_inside_and_one_size_up_are_rejected(aspect, safe):
     frame = FRAMES[aspect]
-    preset = layers.PRESETS.get(safe) if isinstance(safe, str) else None
+    preset = safearea.PRESETS.get(safe) if isinstance(safe, str) else None
     for_aspect = f"{preset.aspect[0]}:{preset.aspect[1]}" if preset and preset.aspect else aspect
     if for_aspect != aspect:
         with pytest.raises(InvalidInput, match=r"steps\[1\]\.safe_area: preset .* frames; this one is"):
             _plan([_text(safe_area=safe)], frame)
         return
-    name, area = layers.safe_area(safe, *frame, "t")
+    name, area = safearea.safe_area(safe, *frame, "t")
     fits = _largest_fitting(LABEL, area)
     too_big = min(s for s in range(fits + 1, 600) if _boxed_width(LABEL, s)[0] > area.w)
     for position in POSITIONS:  # margin 0: the safe area alone decides (margins: the test below)
@@ -217,7 +219,7 @@ def test_shrink_picks_the_largest_size_that_fits_and_never_goes_below_min_size()
 
 
 def accept_recipe_check(steps: list[dict]) -> None:
-    from spool import recipe
+    from spool.kinds.render import recipe
 
     rec = msgspec.convert({"input": "clip", "steps": [{"op": "trim"}, *steps]}, Recipe)
     recipe.check(rec, {"clip": _source()})
@@ -321,13 +323,13 @@ def test_spool_toml_names_the_safe_area_and_a_bad_one_is_located():
 
 def test_the_gate_judges_planned_boxes_against_the_frame_the_file_has():
     planned = _plan([_text(size=30)], (720, 1280))
-    judged, check = layers.judge(planned, 720, 1280)
+    judged, check = safearea.judge(planned, 720, 1280)
     assert check.ok and judged[0].verdict == "inside" and judged[0].box == planned[0].box
-    judged, check = layers.judge(planned, 1280, 720)
+    judged, check = safearea.judge(planned, 1280, 720)
     assert not check.ok and judged[0].verdict.startswith("outside: the frame is 1280x720")
-    _, check = layers.judge(planned, None, None)
+    _, check = safearea.judge(planned, None, None)
     assert not check.ok
-    assert layers.spec_of("90 %") == 0.9 and layers.spec_of("social-1x1 (social)") == "social-1x1"
+    assert safearea.spec_of("90 %") == 0.9 and safearea.spec_of("social-1x1 (social)") == "social-1x1"
 
 
 # -- real renders: label pixels only inside the planned box ----------------------------------------------

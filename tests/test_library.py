@@ -14,7 +14,11 @@ from conftest import SPOOL, minimal, run_cli, write_json
 from libhelp import allow_noop, as_format_1, noop_sub, publish, tags_for
 from test_nas import nas  # noqa: F401  (the two-mount fixture)
 
-from spool import accept, families, library, samples, segments, store
+from spool.core import families
+from spool.disk import store
+from spool.library import catalog, segments
+from spool.media import samples
+from spool.queue import accept
 
 
 def search(tree, *terms):
@@ -31,7 +35,7 @@ def test_revisions_published_in_random_order_end_with_the_highest_current(tree, 
         accept.accept_bytes(tree, cfg, noop_sub("spot", rev), "t")
     a, b = daemons(tree, "a", drain=True), daemons(tree, "b", drain=True)
     assert a.wait(timeout=60) == 0 and b.wait(timeout=60) == 0
-    assert library.current_revision(tree, "spot") == 5
+    assert catalog.current_revision(tree, "spot") == 5
     [hit] = search(tree, "campaign=c0")["results"]
     assert (hit["job"], hit["current"]) == ("spot@5", True)
     assert [h["revision"] for h in search(tree, "campaign=c0", "--all-versions")["results"]] == [
@@ -49,7 +53,7 @@ def test_an_older_revision_completing_later_never_becomes_current(tree):
     cfg = allow_noop(tree)
     publish(tree, cfg, noop_sub("spot", 2))
     publish(tree, cfg, noop_sub("spot", 1))  # completes after revision 2
-    assert library.current_revision(tree, "spot") == 2
+    assert catalog.current_revision(tree, "spot") == 2
     assert [h["job"] for h in search(tree, "campaign=c0")["results"]] == ["spot@2"]
     assert (
         run_cli("get", "spot", spool=tree)
@@ -208,7 +212,7 @@ def test_status_index_and_metrics_show_the_library(tree):
     out = json.loads(run_cli("index", "--json", spool=tree, check=True).stdout)
     assert (out["tag_entries"], out["versions"]) == (8, 2)
     assert 0 <= out["index_delay_seconds"]["median"] <= out["index_delay_seconds"]["max"] < 5
-    from spool import metrics
+    from spool.observe import metrics
 
     fams = {f.name: f for f in metrics.queue_families(tree, "w1", time.time())}
     text = families.exposition(fams.values())
@@ -301,10 +305,10 @@ def test_two_mounts_publishing_revisions_1_to_5_in_random_order_end_with_5_curre
     assert da.wait(timeout=300) == 0, da.output()
     assert db.wait(timeout=300) == 0, db.output()
     for view in (server, a, b):
-        assert library.current_revision(view, "spot") == 5
-    [hit] = library.search(b, cfg, library.parse_terms(["campaign=c0"])).results
+        assert catalog.current_revision(view, "spot") == 5
+    [hit] = catalog.search(b, cfg, catalog.parse_terms(["campaign=c0"])).results
     assert hit.job == "spot@5" and store.sha256_file(b.root / hit.path)[0] == hit.sha256
     assert [
         h.revision
-        for h in library.search(a, cfg, library.parse_terms(["campaign=c0"]), all_versions=True).results
+        for h in catalog.search(a, cfg, catalog.parse_terms(["campaign=c0"]), all_versions=True).results
     ] == [1, 2, 3, 4, 5]

@@ -14,9 +14,10 @@ from conftest import TAGS, minimal, run_cli, write_json
 from libhelp import publish
 from provsim import ProviderSim
 
-from spool import config, index, indexpaths, library, segments
-from spool.errors import InvalidInput
-from spool.tree import Tree
+from spool.core import config
+from spool.core.errors import InvalidInput
+from spool.disk.tree import Tree
+from spool.library import catalog, index, indexpaths, segments
 
 NFC = "Été à Noël"
 NFD = unicodedata.normalize("NFD", NFC)
@@ -48,7 +49,7 @@ def test_a_tag_value_sent_in_nfd_is_kept_in_nfc_and_found_either_way(tree, asset
         for typed in (NFC, NFD):
             out = search(tree, f"campaign={typed}")
             assert jobs(out) == [jid] and out["results"][0]["tags"]["campaign"] == NFC
-    assert library.parse_terms([f"campaign={NFD}"]).tags == {"campaign": NFC}
+    assert catalog.parse_terms([f"campaign={NFD}"]).tags == {"campaign": NFC}
 
 
 @pytest.mark.parametrize("value", [" mug", "mug ", "\tmug", "mug\n", "\u00a0mug"])
@@ -71,17 +72,17 @@ def test_a_field_no_plug_in_provides_is_an_error_naming_it_and_the_known_ones(tr
         for known in ("width", "codec", "loudness", "scenes"):
             assert known in res.stderr
     with pytest.raises(InvalidInput) as exc:
-        library.parse_terms(["classifier.x=1"], plugin_names=["faces"])
+        catalog.parse_terms(["classifier.x=1"], plugin_names=["faces"])
     assert exc.value.field == "classifier.x" and "faces.*" in str(exc.value)
-    assert library.parse_terms(["tag:brand.name=acme"]).tags == {"brand.name": "acme"}
-    assert library.parse_terms(["tag:width=wide"]).tags == {"width": "wide"}  # a tag named like a field
+    assert catalog.parse_terms(["tag:brand.name=acme"]).tags == {"brand.name": "acme"}
+    assert catalog.parse_terms(["tag:width=wide"]).tags == {"width": "wide"}  # a tag named like a field
 
 
 def test_text_fields_compare_only_for_equality(tree):
     with pytest.raises(InvalidInput):
-        library.parse_terms(["codec>h264"])
+        catalog.parse_terms(["codec>h264"])
     with pytest.raises(InvalidInput):
-        library.parse_terms(["width>=wide"])
+        catalog.parse_terms(["width>=wide"])
 
 
 # -- media metadata recorded at publish ---------------------------------------------------------
@@ -158,14 +159,14 @@ def test_a_kind_whose_check_records_no_media_gets_it_measured_at_publish(tree, a
     check built its report without the gate's media record."""
     import msgspec
 
-    from spool.kinds import render
+    from spool.kinds.render import kind
 
-    real = render.Render.check
+    real = kind.Render.check
 
-    def bare(self, cfg, job, candidate, log):  # a kind that does not call spool.validate
+    def bare(self, cfg, job, candidate, log):  # a kind that does not call spool.media.validate
         return msgspec.structs.replace(real(self, cfg, job, candidate, log), media=None)
 
-    monkeypatch.setattr(render.Render, "check", bare)
+    monkeypatch.setattr(kind.Render, "check", bare)
     cfg = config.load(tree.config_file)
     jid = publish(tree, cfg, minimal(assets, name="bare"))
     media = json.loads(tree.manifest_file(jid).read_text())["validation"]["media"]

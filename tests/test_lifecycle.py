@@ -31,8 +31,8 @@ from genhelp import ENV, TOKEN, audit, configure, gen_sub
 from provsim import ProviderSim
 from test_nas import nas  # noqa: F401  (the two-mount fixture)
 
-from spool import settings
-from spool.tree import Tree
+from spool.core import settings
+from spool.disk.tree import Tree
 
 
 def noop_sub(assets: Path, name: str) -> dict[str, Any]:

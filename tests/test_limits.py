@@ -10,8 +10,8 @@ import invariants
 import pytest
 from conftest import minimal, run_cli, state_files, wait_for, write_json
 
-from spool import settings
-from spool.tree import HOST
+from spool.core import settings
+from spool.disk.tree import HOST
 
 
 def _config(tree, **limits):

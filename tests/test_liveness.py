@@ -12,10 +12,11 @@ from datetime import UTC, datetime, timedelta
 import invariants
 from conftest import minimal, run_cli, state_files, wait_for
 
-from spool import accept, liveness, settings
-from spool.attempt import open_attempt
-from spool.model import WorkerRecord, encode
-from spool.tree import HOST, boot_id, write_atomic
+from spool.core import settings
+from spool.core.model import WorkerRecord, encode
+from spool.disk.tree import HOST, boot_id, write_atomic
+from spool.queue import accept, liveness
+from spool.queue.attempt import open_attempt
 
 
 def _record(tree, worker, *, host, pid=999_999, boot=None, beat_age=0.0, beats=5, skew=0.0):

@@ -1,5 +1,5 @@
 """Prometheus metrics: real daemons write one textfile each; a strict reader of the
-exposition format (written here, independent of spool.metrics) checks every byte."""
+exposition format (written here, independent of spool.observe.metrics) checks every byte."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from collections import defaultdict
 import pytest
 from conftest import minimal, run_cli, write_json
 
-from spool import config, families, metrics, settings
-from spool.tree import HOST, Tree
+from spool.core import config, families, settings
+from spool.disk.tree import HOST, Tree
+from spool.observe import metrics
 from spoold.daemon import Daemon
 from spoold.observers import Metrics
 
@@ -241,7 +242,7 @@ def test_exposition_escapes_label_values_and_help():
     h.fill(fam2, worker="w")
     text = families.exposition([fam, fam2])
     series = strict_parse(text)
-    # control characters are shown as escapes (spool.printable): no value adds a line or a field,
+    # control characters are shown as escapes (spool.core.printable): no value adds a line or a field,
     # or reaches a terminal as an escape sequence; quote and backslash keep the format's escapes
     assert values(series, "spool_test_total", worker='a"b\\c\\nd\\te\\x1b[31mf\\x85') == [1]
     assert len(text.splitlines()) == text.count("\n") and "\x1b" not in text and "\t" not in text
@@ -368,9 +369,9 @@ def test_the_pending_age_is_the_one_the_heartbeat_carries(tree, monkeypatch):
 def test_a_daemon_counts_its_own_generations_from_memory_and_others_from_files(tree, monkeypatch):
     """At 10,000 generations in flight a file check each per write cost 0.3 s of CPU
     locally and seconds on a NAS: this daemon's own come from what it last moved."""
-    from spool import overview
     from spool.kinds.generate import states as generation
     from spool.kinds.generate.states import Intent, begin, input_hash, transition
+    from spool.observe import overview
 
     def start(jid: str, worker: str, to: str) -> None:
         make = tree.running_dir(worker)

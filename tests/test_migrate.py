@@ -13,13 +13,14 @@ import invariants
 from conftest import run_cli, state_files, wait_for
 from libhelp import allow_noop, as_format_1, noop_sub, publish, tags_for
 
-from spool import formats, index, library, segments
-from spool.tree import Tree
+from spool.disk import formats
+from spool.disk.tree import Tree
+from spool.library import catalog, index, segments
 
 
 def _library_view(tree: Tree, cfg) -> dict[str, object]:
     """What readers see of the library: every hit of a search and each version's facts."""
-    hits = library.search(tree, cfg, library.parse_terms(["visibility=internal"]), all_versions=True).results
+    hits = catalog.search(tree, cfg, catalog.parse_terms(["visibility=internal"]), all_versions=True).results
     out: dict[str, object] = {}
     for h in hits:
         name, rev = h.job.rsplit("@", 1)
@@ -142,7 +143,7 @@ def test_old_and_new_format_daemons_share_one_spool_during_a_rolling_upgrade(tre
     assert os.listdir(tree.root / "library") and segments.listed(tree)
     assert invariants.check(tree.root) == []
     assert json.loads(run_cli("fsck", "--json", spool=tree).stdout)["clean"]
-    hits = {h.job for h in library.search(tree, cfg, library.parse_terms(["visibility=internal"])).results}
+    hits = {h.job for h in catalog.search(tree, cfg, catalog.parse_terms(["visibility=internal"])).results}
     assert hits == {f"{n}@1" for n in names}
     for args in (
         ["status", "--json"],

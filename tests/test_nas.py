@@ -35,10 +35,13 @@ import pytest
 from conftest import minimal, run_cli, wait_for, write_json
 from provsim import ProviderSim
 
-from spool import accept, config, doctor, durable, liveness, records, settings, status
-from spool.model import WorkerRecord, encode, now
-from spool.status import read
-from spool.tree import HOST, Tree, boot_id, write_atomic
+from spool import doctor
+from spool.core import config, settings
+from spool.core.model import WorkerRecord, encode, now
+from spool.disk import durable, records
+from spool.disk.tree import HOST, Tree, boot_id, write_atomic
+from spool.queue import accept, liveness, status
+from spool.queue.status import read
 
 ROOT = Path(__file__).resolve().parents[1]
 MULTIMOUNT = ROOT / "tools" / "multimount"

@@ -2,7 +2,7 @@
 
 * the claim index starts claiming after a bounded look-ahead and reads the rest
   in the background; its order is exact once the backlog is read, and during
-  the first scan the best of what was read (spool.claim.PendingIndex);
+  the first scan the best of what was read (spool.queue.claim.PendingIndex);
 * after that, a rescan reads only names it has not seen;
 * ``spool status`` stats no pending job beyond a bounded sample: the oldest
   pending age comes from live workers' heartbeats, else a sample; ``--exact``
@@ -28,9 +28,11 @@ from pathlib import Path
 import pytest
 from conftest import SPOOL, run_cli
 
-from spool import claim, config, overview
-from spool.model import WorkerRecord, encode
-from spool.tree import HOST, Tree, boot_id
+from spool.core import config
+from spool.core.model import WorkerRecord, encode
+from spool.disk.tree import HOST, Tree, boot_id
+from spool.observe import overview
+from spool.queue import claim
 
 BASE = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -228,7 +230,7 @@ def test_the_metrics_hook_never_lists_pending(tree, monkeypatch):
     every metrics_interval was a core's 1-2 % (issue 17)."""
     import os
 
-    from spool import config
+    from spool.core import config
     from spoold.daemon import Daemon
     from spoold.observers import Metrics
 

@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 from conftest import SPOOL, minimal, run_cli, wait_for, write_json
 
-from spool import families, samples, settings, status
-from spool.events import Journal
-from spool.tree import HOST, Tree
+from spool.core import families, settings
+from spool.disk.tree import HOST, Tree
+from spool.media import samples
+from spool.queue import status
+from spool.queue.events import Journal
 
 
 def _submit(tree: Tree, assets: Path, name: str, **over: object) -> str:
@@ -285,7 +287,8 @@ def test_watch_redraws_from_the_filesystem_until_ctrl_c(tree, assets):
 
 def test_a_read_only_viewer_does_not_take_live_workers_for_dead(tree, daemons):
     """Without write access the identity lock cannot be probed; the pid still can."""
-    from spool import liveness, overview
+    from spool.observe import overview
+    from spool.queue import liveness
 
     d = daemons(tree, "ro")
     wait_for(lambda: tree.worker_file(f"{HOST}-ro").exists())
@@ -298,9 +301,9 @@ def test_a_read_only_viewer_does_not_take_live_workers_for_dead(tree, daemons):
 
 
 def test_status_the_page_and_the_metrics_count_the_same_folders_the_same(tree: Tree) -> None:
-    """One listing (spool.tree.list_folder) behind every reader: a drop a worker has taken
+    """One listing (spool.disk.tree.list_folder) behind every reader: a drop a worker has taken
     but not accepted is incoming for all three; temp names and reasons count for none."""
-    from spool import metrics, overview
+    from spool.observe import metrics, overview
 
     (tree.incoming / "a.json").write_text("{}")
     (tree.incoming / ".accepting.w1.b.json").write_text("{}")  # taken, not yet accepted

@@ -18,9 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from libhelp import allow_noop, publish
 
-from spool import accept, config
-from spool.printable import printable
-from spool.tree import Tree
+from spool.core import config
+from spool.core.printable import printable
+from spool.disk.tree import Tree
+from spool.queue import accept
 
 #: What must never reach a terminal or a line-splitting script raw.
 RAW = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
@@ -65,7 +66,7 @@ def hostile_spool(tmp_path_factory: pytest.TempPathFactory) -> tuple[Tree, dict[
         tags = dict(TAGS, campaign=hostile(rng), note=hostile(rng))
         jid = publish(tree, cfg, {"name": f"h{i}", "operation": "noop", "tags": tags})
         sent[jid] = tags
-    from spool import samples
+    from spool.media import samples
 
     evil = assets / "evil\n\tFAKE\x1b[31m\u202e.mp4"
     samples.clip(assets / "plain.mp4", seconds=0.5, size="64x48", rate=10)

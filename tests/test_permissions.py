@@ -11,8 +11,8 @@ import subprocess
 import pytest
 from conftest import SPOOL, minimal, run_cli, write_json
 
-from spool import settings
-from spool.tree import Tree
+from spool.core import settings
+from spool.disk.tree import Tree
 
 GROUP = "users"
 

@@ -23,13 +23,14 @@ import pytest
 from conftest import Daemon, run_cli
 from libhelp import allow_noop, as_format_1, noop_sub, publish
 
-from spool import formats, lostwrites
-from spool.attempt import staged_result
-from spool.eventlog import history
-from spool.events import Journal
-from spool.model import AttemptRecord, Manifest
-from spool.records import read
-from spool.tree import Tree, fsync_dir
+from spool.core.model import AttemptRecord, Manifest
+from spool.disk import formats
+from spool.disk.records import read
+from spool.disk.tree import Tree, fsync_dir
+from spool.observe.eventlog import history
+from spool.queue.attempt import staged_result
+from spool.queue.events import Journal
+from spool.repair import lostwrites
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -48,7 +49,7 @@ def _age(path: Path, seconds: float = 60.0) -> None:
 @pytest.fixture(params=[1, 2], ids=["format1", "format2"])
 def published(request, tree, cfg):
     """Two no-op jobs published through the real execute path, as a cut would find them,
-    in a tree of each format (:mod:`spool.formats`)."""
+    in a tree of each format (:mod:`spool.disk.formats`)."""
     if request.param == 1:
         as_format_1(tree)
     cfg = allow_noop(tree)

@@ -24,8 +24,8 @@ from conftest import TAGS, minimal, run_cli, write_json
 from genhelp import ENV, TOKEN, configure, gen_sub
 from provsim import ProviderSim
 
-from spool import settings
-from spool.tree import FOLDERS, Tree
+from spool.core import settings
+from spool.disk.tree import FOLDERS, Tree
 
 ARCHITECTURE = Path(__file__).resolve().parents[1] / "ARCHITECTURE.md"
 SECTION = "## The on-disk protocol"

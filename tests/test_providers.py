@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from provsim import ProviderSim
 
-from spool import secrets
-from spool.errors import ConfigError
+from spool.core import secrets
+from spool.core.errors import ConfigError
 from spool.kinds.base import Abort
 from spool.kinds.generate.providers import (
     Provider,
@@ -433,7 +433,7 @@ def test_a_compressed_download_is_decoded_and_checked_against_repr_digest(
 
 
 def test_non_video_bytes_download_but_fail_the_probe(make: Callable[..., Provider], tmp_path: Path) -> None:
-    from spool.probe import ProbeError, ffprobe
+    from spool.media.probe import ProbeError, ffprobe
 
     p = make("replicate")
     got = p.download(_succeeded(p, "html #fault=not_video").outputs[0], tmp_path / "fake.mp4")

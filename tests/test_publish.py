@@ -11,13 +11,13 @@ from pathlib import Path
 
 from conftest import minimal, submission
 
-from spool import accept, claim, execute
-from spool.attempt import staged_result
-from spool.config import Config
-from spool.events import Journal
+from spool.core.config import Config
+from spool.core.model import Failure, Manifest, decode
+from spool.disk.tree import Tree
 from spool.kinds import Job
-from spool.model import Failure, Manifest, decode
-from spool.tree import Tree
+from spool.queue import accept, claim, execute
+from spool.queue.attempt import staged_result
+from spool.queue.events import Journal
 
 
 def run_one(tree: Tree, cfg: Config, journal: Journal, sub: dict, worker: str = "w1") -> tuple[Job, str]:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from conftest import minimal, run_cli, write_json
 
-from spool import quarantine
-from spool.model import QuarantineRecord, decode
-from spool.tree import Tree
+from spool.core.model import QuarantineRecord, decode
+from spool.disk.tree import Tree
+from spool.queue import quarantine
 
 
 def _reason(tree: Tree, name: str) -> QuarantineRecord:

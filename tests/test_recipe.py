@@ -23,13 +23,15 @@ import msgspec
 import pytest
 from conftest import minimal, submission
 
-from spool import accept, claim, execute, ffcommand, probe, recipe
-from spool.config import Config
-from spool.errors import InvalidInput
-from spool.events import Journal
+from spool.core.config import Config
+from spool.core.errors import InvalidInput
+from spool.core.model import Failure, Manifest, Source, decode
+from spool.disk.tree import Tree
 from spool.kinds import Job
-from spool.model import Failure, Manifest, Source, decode
-from spool.tree import Tree
+from spool.kinds.render import ffcommand, recipe
+from spool.media import probe
+from spool.queue import accept, claim, execute
+from spool.queue.events import Journal
 
 # -- helpers -------------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ import invariants
 import pytest
 from conftest import minimal, run_cli, state_files, wait_for, write_json
 
-from spool.faults import POINTS
+from spool.core.faults import POINTS
 
 #: crash point -> (recovery decision expected at restart, attempts at the end)
 EXPECTED = {

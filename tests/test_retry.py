@@ -10,8 +10,9 @@ from datetime import datetime
 import invariants
 from conftest import minimal, run_cli, state_files, wait_for, write_json
 
-from spool import retry, settings
-from spool.config import Recovery
+from spool.core import settings
+from spool.core.config import Recovery
+from spool.queue import retry
 
 
 def test_backoff_doubles_and_is_capped():
@@ -72,8 +73,8 @@ def test_retries_stop_at_max_attempts_with_a_failure_record(tree, assets, daemon
 
 
 def test_operator_retry_mark_closes_the_attempt_for_recovery(tree, cfg, assets):
-    from spool import recover
-    from spool.attempt import open_attempt
+    from spool.queue.attempt import open_attempt
+    from spool.repair import recover
 
     (tree.job_attempts("x@1")).mkdir()
     open_attempt(tree, "x@1", "w1")

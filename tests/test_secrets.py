@@ -9,10 +9,10 @@ from datetime import UTC, datetime
 
 from conftest import minimal, run_cli, write_json
 
-from spool import secrets, settings
-from spool.events import Journal
-from spool.execute import scrub
-from spool.model import Failure
+from spool.core import secrets, settings
+from spool.core.model import Failure
+from spool.queue.events import Journal
+from spool.queue.execute import scrub
 
 
 def _grep(root, needle: bytes) -> list[str]:

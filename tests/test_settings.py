@@ -1,4 +1,4 @@
-"""spool.settings: typed overrides of spool.toml, checked against Config, read back exactly."""
+"""spool.core.settings: typed overrides of spool.toml, checked against Config, read back exactly."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import tomllib
 
 import pytest
 
-from spool import config, settings
+from spool.core import config, settings
 
 
 def test_written_settings_read_back_to_the_same_config(tmp_path):

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from conftest import run_cli, wait_for, write_json
 
-from spool import samples
-from spool.model import Failure, decode
-from spool.tree import Tree
+from spool.core.model import Failure, decode
+from spool.disk.tree import Tree
+from spool.media import samples
 
 
 def test_a_source_overwritten_mid_render_is_never_published(tree: Tree, assets: Path, daemons):

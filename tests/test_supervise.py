@@ -1,4 +1,4 @@
-"""spool.supervise: the stop, timeout and cancel loop a render (and later a generation) runs under."""
+"""spool.queue.supervise: the stop, timeout and cancel loop a render (and later a generation) runs under."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import itertools
 import threading
 import time
 
-from spool.supervise import supervise
+from spool.queue.supervise import supervise
 
 
 class Work:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import SPOOL, SPOOLD, minimal, run_cli, write_json
 
-from spool.config import Config
+from spool.core.config import Config
 from spoold.notify import Notifier, SystemdNotify, watchdog_interval
 
 UNITS = Path(__file__).resolve().parents[1] / "systemd"
@@ -162,7 +162,7 @@ def test_logs_carry_syslog_priorities_under_journald(tree, assets, daemons):
     assert daemons(tree, "jd", drain=True, env=env, log=log).wait() == 0
     lines = log.read_text().splitlines()
     assert lines and all(re.match(r"<[2-7]>", line) for line in lines), lines[:5]
-    assert any(line.startswith("<4>spool.execute: bad@1: failed at validate") for line in lines)
+    assert any(line.startswith("<4>spool.queue.execute: bad@1: failed at validate") for line in lines)
     assert any(line.startswith("<6>spoold: worker ") for line in lines)
     assert not any(re.match(r"<\d>\d{4}-\d\d-\d\d", line) for line in lines)  # journald adds the time
 

@@ -9,7 +9,8 @@ import subprocess
 import pytest
 from conftest import minimal, run_cli, state_files, wait_for, write_json
 
-from spool import settings, thumbs
+from spool.core import settings
+from spool.media import thumbs
 
 
 def _submit(tree, assets, name, **over):

@@ -16,10 +16,12 @@ import opentimelineio as otio
 import pytest
 from conftest import TAGS
 
-from spool import accept, claim, depends, execute, kinds, probe
-from spool.context import Context
-from spool.errors import InvalidInput
-from spool.events import Journal
+from spool import kinds
+from spool.core.errors import InvalidInput
+from spool.media import probe
+from spool.queue import accept, claim, depends, execute
+from spool.queue.context import Context
+from spool.queue.events import Journal
 
 RATE = 24
 COLOURS = {"red": (255, 0, 0), "green": (0, 128, 0), "blue": (0, 0, 255)}

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from spool import probe
-from spool.config import Config, Validation
-from spool.model import Check, Expect, ValidationReport
-from spool.validate import check_probe, decode_windows, validate
+from spool.core.config import Config, Validation
+from spool.core.model import Check, Expect, ValidationReport
+from spool.media import probe
+from spool.media.validate import check_probe, decode_windows, validate
 
 SECONDS = 2
 
@@ -411,8 +411,8 @@ def test_sampled_decoding_reads_the_windows_it_names(files, tmp_path):
 def test_a_decode_check_killed_by_a_signal_is_no_verdict_on_the_bytes(files, tmp_path):
     """A decoder the OOM killer (or a torture run) kills says nothing about the file: the
     attempt is retried, never failed as "the output failed the decode check"."""
-    from spool.errors import Failed
-    from spool.validate import decode_check
+    from spool.core.errors import Failed
+    from spool.media.validate import decode_check
 
     killed = tmp_path / "ffmpeg"
     killed.write_text("#!/bin/sh\nkill -KILL $$\n")

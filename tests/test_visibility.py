@@ -17,8 +17,9 @@ import webdriver
 from conftest import TAGS, Daemon, minimal, run_cli, wait_for, write_json
 from test_web import Server
 
-from spool import samples, settings
-from spool.tree import Tree
+from spool.core import settings
+from spool.disk.tree import Tree
+from spool.media import samples
 
 OPEN = dict(TAGS, campaign="open-campaign")
 SECRET = dict(TAGS, campaign="secret-campaign", visibility="restricted")
@@ -200,7 +201,7 @@ def test_objects_published_before_the_object_index_are_found_after_a_rebuild(tre
     index`` says so."""
     from libhelp import allow_noop, as_format_1, noop_sub, publish
 
-    from spool import segments
+    from spool.library import segments
 
     if fmt == 1:
         as_format_1(tree)

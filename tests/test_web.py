@@ -20,8 +20,9 @@ import pytest
 import webdriver
 from conftest import SPOOL, Daemon, minimal, run_cli, wait_for, write_json
 
-from spool import samples, settings
-from spool.tree import Tree
+from spool.core import settings
+from spool.disk.tree import Tree
+from spool.media import samples
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 #: Markup that must stay text wherever the page shows it.

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from provsim import ProviderSim  # tools/ is this script's folder
 
-from spool import samples
+from spool.media import samples
 
 HERE = Path(__file__).resolve().parent.parent
 DEMO = HERE / "demo"

@@ -244,7 +244,7 @@ def _staged(attempt: Path) -> dict | None:
 
 
 def _encode(value: str) -> str:
-    """SPEC 9's file name of a tag value, re-implemented here (see spool/index.py's docstring)."""
+    """SPEC 9's file name of a tag value, re-implemented here (see spool/library/index.py's docstring)."""
     safe = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-."
     raw = value.encode("utf-8")
     name = "".join(

@@ -34,8 +34,9 @@ from collections import Counter
 from datetime import datetime
 from pathlib import Path
 
-from spool import accept, config, settings
-from spool.tree import Tree
+from spool.core import config, settings
+from spool.disk.tree import Tree
+from spool.queue import accept
 
 BIN = Path(sys.executable).parent
 TAGS = {"campaign": "bench", "locale": "en", "asset_type": "test", "visibility": "internal"}

@@ -23,9 +23,8 @@ import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from spool import settings
-from spool.kinds import NoopJob as Job
-from spool.model import (
+from spool.core import settings
+from spool.core.model import (
     AttemptRecord,
     Check,
     Event,
@@ -39,7 +38,8 @@ from spool.model import (
     encode,
     encode_line,
 )
-from spool.tree import HOST, Tree
+from spool.disk.tree import HOST, Tree
+from spool.kinds import NoopJob as Job
 
 BIN = Path(sys.executable).parent
 TAGS = {"campaign": "scale", "locale": "en-GB", "asset_type": "ad", "visibility": "internal"}

@@ -52,11 +52,12 @@ import invariants
 import torture
 from lazyfs import LazyFS, available
 
-from spool import overview, store
-from spool.attempt import staged_result
-from spool.model import AttemptRecord, Manifest
-from spool.records import read
-from spool.tree import Tree
+from spool.core.model import AttemptRecord, Manifest
+from spool.disk import store
+from spool.disk.records import read
+from spool.disk.tree import Tree
+from spool.observe import overview
+from spool.queue.attempt import staged_result
 
 SPOOL = torture.SPOOL
 STATE_DIRS = ("pending", "held", "complete", "failed")
@@ -310,7 +311,7 @@ class Run:
         while the mount does not answer restarts LazyFS and drains again)."""
         for _ in range(4):
             self._kill_all([w.proc for w in self.workers])
-            from spool import health
+            from spool.queue import health
 
             tree = Tree.at(self.spool)
             for q in tree.workers.glob("*.quarantined"):
@@ -384,7 +385,7 @@ class Run:
             if n > 1:
                 self.note("double_published", jid)
         self.f["journal_lines_rebuilt"] = rebuilt
-        from spool import lostwrites
+        from spool.repair import lostwrites
 
         for g in lostwrites.journal_gaps(tree, 0.0):
             self.note("journal_untold", f"{g.job_id}: {g.state}, journal says {g.last}")

@@ -65,8 +65,10 @@ from typing import Any
 
 import invariants
 
-from spool import health, samples, settings
-from spool.faults import OTHER_POINTS, POINTS
+from spool.core import settings
+from spool.core.faults import OTHER_POINTS, POINTS
+from spool.media import samples
+from spool.queue import health
 
 BIN = Path(sys.executable).parent
 SPOOL = str(BIN / "spool")
@@ -648,7 +650,7 @@ def _drain(workers: list[Worker], view: Path, timeout: float) -> None:
     for w in workers:
         if w.alive():
             w.kill()
-    from spool.tree import Tree
+    from spool.disk.tree import Tree
 
     tree = Tree.at(view)
     for q in tree.workers.glob("*.quarantined"):
@@ -792,7 +794,7 @@ def _fsck(spool: Path, *, repair: bool) -> list[dict[str, Any]]:
     return problems
 
 
-#: Where a daemon settling dependents may die (spool.depends): each is in OTHER_POINTS too.
+#: Where a daemon settling dependents may die (spool.queue.depends): each is in OTHER_POINTS too.
 DEPENDS_POINTS = ("after_resolve_write", "after_hold_record")
 assert set(DEPENDS_POINTS) <= set(OTHER_POINTS)
 

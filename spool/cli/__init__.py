@@ -25,14 +25,14 @@ __all__ = ["app", "main", "typer_main"]
 def _app() -> typer.Typer:
     """The typer app with every command registered (built once, on first use)."""
     # Importing a group registers its commands; the order is the order of `spool --help`.
-    from . import queue  # noqa: F401  # isort: skip
-    from . import observe  # noqa: F401  # isort: skip
-    from . import intent  # noqa: F401  # isort: skip
-    from . import repair  # noqa: F401  # isort: skip
-    from . import library  # noqa: F401  # isort: skip
-    from . import doctor  # noqa: F401  # isort: skip
-    from . import worker  # noqa: F401  # isort: skip
-    from .common import app
+    from spool.cli import queue  # noqa: F401  # isort: skip
+    from spool.cli import observe  # noqa: F401  # isort: skip
+    from spool.cli import intent  # noqa: F401  # isort: skip
+    from spool.cli import repair  # noqa: F401  # isort: skip
+    from spool.cli import library  # noqa: F401  # isort: skip
+    from spool.cli import doctor  # noqa: F401  # isort: skip
+    from spool.cli import worker  # noqa: F401  # isort: skip
+    from spool.cli.common import app
 
     return app
 
@@ -45,7 +45,7 @@ def __getattr__(name: str) -> Any:
 
 def main() -> None:
     """``spool``: a command scripts call in loops runs at once; the rest through typer."""
-    from .fast import parse
+    from spool.cli.fast import parse
 
     _run(parse(sys.argv[1:]) or (lambda: _app()()))
 
@@ -57,9 +57,9 @@ def typer_main() -> None:
 
 def _run(command: Any) -> None:
     """Run one command with output masked; what it did not catch is one line."""
-    from .. import secrets
-    from ..errors import EXIT_ERROR, SpoolError
-    from .plain import echo, guard_output
+    from spool.cli.plain import echo, guard_output
+    from spool.core import secrets
+    from spool.core.errors import EXIT_ERROR, SpoolError
 
     secrets.install_from((), ())  # the environment's secrets; each command adds its config's
     guard_output()
@@ -85,7 +85,7 @@ def _run(command: Any) -> None:
 def _commit_journal() -> None:
     """The command's journal lines, durable before it exits (SPEC 11.9): one fsync for a
     command that wrote some, none otherwise (the tree module is loaded only if it was)."""
-    tree = sys.modules.get("spool.tree")
+    tree = sys.modules.get("spool.disk.tree")
     if tree is None:
         return
     try:

@@ -11,8 +11,7 @@ from typing import Annotated
 
 import typer
 
-from ..printable import printable, printable_all
-from .plain import (
+from spool.cli.plain import (
     ago,
     bar,
     before_command,
@@ -26,6 +25,7 @@ from .plain import (
     print_json,
     unsecret,
 )
+from spool.core.printable import printable, printable_all
 
 __all__ = [
     "JsonOpt",

@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from ..errors import EXIT_ERROR, InvalidInput, SpoolError
-from .common import JsonOpt, SpoolOpt, app, fail, load_config, open_tree, print_json
+from spool.cli.common import JsonOpt, SpoolOpt, app, fail, load_config, open_tree, print_json
+from spool.core.errors import EXIT_ERROR, InvalidInput, SpoolError
 
 
 @app.command("doctor")
@@ -31,7 +31,7 @@ def doctor_cmd(
 ) -> None:
     """Probe the spool's filesystem (rename, links, O_EXCL, locks, inotify, lag, mtime, space)
     and print the publish and watch strategies; exit 1 if the filesystem is unsafe for a spool."""
-    from .. import doctor  # imported here: only this command needs it, and spool starts faster
+    from spool import doctor  # imported here: only this command needs it, and spool starts faster
 
     try:
         tree = open_tree(spool)

@@ -24,9 +24,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import EXIT_INVALID, InvalidInput, NotFound, SpoolError
-from ..printable import printable, printable_all
-from .plain import (
+from spool.cli.plain import (
     before_command,
     echo,
     fail,
@@ -36,11 +34,13 @@ from .plain import (
     print_json,
     unsecret,
 )
+from spool.core.errors import EXIT_INVALID, InvalidInput, NotFound, SpoolError
+from spool.core.printable import printable, printable_all
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from ..config import Config
+    from spool.core.config import Config
 
 #: What ``spool ls`` lists, in its order.
 LS_STATES = ("waiting", "pending", "held", "running", "complete", "failed", "rejected")
@@ -68,7 +68,7 @@ def status(spool: Path | None, as_json: bool, exact: bool = False) -> None:
     what its secrets must be masked in, what its staleness judges): counting a
     backlog needs neither it nor msgspec, whose import costs as much as Python's
     start-up."""
-    from .. import overview
+    from spool.observe import overview
 
     try:
         tree = open_tree(spool)
@@ -85,15 +85,15 @@ def status(spool: Path | None, as_json: bool, exact: bool = False) -> None:
     if as_json:
         print_json(ov)
         return
-    from . import views
+    from spool.cli import views
 
     console().print(views.status_view(printable_all(unsecret(ov))))
 
 
 def ls(state: str | None, spool: Path | None, as_json: bool) -> None:
     """``spool ls``: job IDs by listing the state folders (no job file is read)."""
-    from .. import status
-    from ..printable import unsafe
+    from spool.core.printable import unsafe
+    from spool.queue import status
 
     try:
         tree = open_tree(spool)
@@ -133,7 +133,7 @@ def ls(state: str | None, spool: Path | None, as_json: bool) -> None:
 
 def job_info(job: str, spool: Path | None, as_json: bool) -> dict[str, Any]:
     """What ``spool show JOB`` shows, or the command ends with exit 4."""
-    from .. import overview
+    from spool.observe import overview
 
     try:
         tree = open_tree(spool)
@@ -151,7 +151,7 @@ def show(job: str, spool: Path | None, as_json: bool) -> None:
     if as_json:
         print_json(info)
         return
-    from . import views
+    from spool.cli import views
 
     console().print(views.show_view(printable_all(unsecret(info))))
 
@@ -160,8 +160,8 @@ def submit(files: list[Path], spool: Path | None, as_json: bool) -> None:
     """``spool submit``: accept or reject each file; ends with the first failure's code."""
     import getpass
 
-    from .. import accept
-    from ..events import Journal, cli_writer
+    from spool.queue import accept
+    from spool.queue.events import Journal, cli_writer
 
     tree, cfg = open_spool(spool, as_json)
     journal = Journal(tree, cli_writer())
@@ -237,23 +237,23 @@ def search(
     store file exists."""
     import re
 
-    from .. import enrich, library
+    from spool.library import catalog, enrich
 
     tree, cfg = open_spool(spool, as_json)
     try:
         # Only a dotted field (``plugin.key``) can name a plug-in's value: the entry-point
         # lookup (importlib.metadata, a fifth of the command) is for a query that has one.
         dotted = any("." in re.split(r"[<>!=]", t, maxsplit=1)[0] for t in terms)
-        query = library.parse_terms(terms, enrich.plugins() if dotted else ())
+        query = catalog.parse_terms(terms, enrich.plugins() if dotted else ())
         if do_enrich and query.comparisons:
-            tag_only = library.Query(query.tags, [])
-            base = library.search(tree, cfg, tag_only, all_versions=all_versions, visibility=visibility or ())
+            tag_only = catalog.Query(query.tags, [])
+            base = catalog.search(tree, cfg, tag_only, all_versions=all_versions, visibility=visibility or ())
             fields = {enrich.enricher_of(c.field, enrich.plugins()) for c in query.comparisons}
             for hit in base.results:
                 enrich.enrich_object(
                     tree, cfg, hit.sha256, tree.root / hit.path, sorted(f for f in fields if f)
                 )
-        result = library.search(
+        result = catalog.search(
             tree, cfg, query, all_versions=all_versions, visibility=visibility or (), limit=limit
         )
     except SpoolError as exc:
@@ -284,13 +284,13 @@ def get(
 ) -> None:
     """``spool get``: the path of a verified published file, or a verified copy in ``to``;
     only what ``[library] visible`` (widened by ``visibility``) admits."""
-    from .. import library
-    from .. import visibility as vis
+    from spool.library import catalog
+    from spool.library import visibility as vis
 
     tree, cfg = open_spool(spool, as_json)
     try:
-        got = library.resolve(tree, ref, vis.rule(cfg, visibility or ()))
-        path = library.copy_to(got, to, link=link) if to is not None else got.path
+        got = catalog.resolve(tree, ref, vis.rule(cfg, visibility or ()))
+        path = catalog.copy_to(got, to, link=link) if to is not None else got.path
     except SpoolError as exc:
         raise fail(exc, as_json) from None
     except OSError as exc:
@@ -304,13 +304,13 @@ def get(
 def show_asset(name: str, spool: Path | None, as_json: bool, visibility: list[str] | None = None) -> None:
     """``spool show NAME`` (no ``@``): the versions of an asset and which one is current;
     only versions ``[library] visible`` (widened by ``visibility``) admits."""
-    from .. import library
-    from .. import visibility as vis
-    from ..model import Manifest
-    from ..records import read
+    from spool.core.model import Manifest
+    from spool.disk.records import read
+    from spool.library import catalog
+    from spool.library import visibility as vis
 
     tree, cfg = open_spool(spool, as_json)
-    vs = library.versions(tree, name, vis.rule(cfg, visibility or ()))
+    vs = catalog.versions(tree, name, vis.rule(cfg, visibility or ()))
     if not vs:
         raise fail(NotFound(f"no asset or job {name} in {tree.root}"), as_json)
     if as_json:

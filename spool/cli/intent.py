@@ -9,12 +9,12 @@ from typing import Annotated
 
 import typer
 
-from ..config import Config
-from ..decoding import parse_json
-from ..errors import InvalidInput, SpoolError
-from ..events import Journal, cli_writer
-from ..tree import Tree
-from .common import JsonOpt, SpoolOpt, app, echo, fail, open_spool, open_tree, print_json, printable
+from spool.cli.common import JsonOpt, SpoolOpt, app, echo, fail, open_spool, open_tree, print_json, printable
+from spool.core.config import Config
+from spool.core.decoding import parse_json
+from spool.core.errors import InvalidInput, SpoolError
+from spool.disk.tree import Tree
+from spool.queue.events import Journal, cli_writer
 
 JobArg = Annotated[str, typer.Argument(help="Job ID (name@revision).")]
 ByOpt = Annotated[str | None, typer.Option("--by", help="Who does this (default: your user name).")]
@@ -63,7 +63,7 @@ def retry_cmd(
 
     A retry that sends a generation's new create request to its provider (it may cost)
     needs --yes; one that downloads a kept result again does not."""
-    from .. import intent  # here: spool starts faster without it
+    from spool.queue import intent  # here: spool starts faster without it
 
     tree, _, journal = _journal(spool, as_json)
     try:
@@ -106,7 +106,7 @@ def revise(
 
     A render's new recipe, or a generation's new prompt or parameters. Refused while JOB has a
     newer revision (revise the newest), unless --force."""
-    from .. import intent  # here: spool starts faster without it
+    from spool.queue import intent  # here: spool starts faster without it
 
     tree, cfg, journal = _journal(spool, as_json)
     try:
@@ -161,7 +161,7 @@ def cancel(
     as_json: JsonOpt = False,
 ) -> None:
     """Cancel a pending, held or running job (a running render is stopped and recorded)."""
-    from .. import intent  # here: spool starts faster without it
+    from spool.queue import intent  # here: spool starts faster without it
 
     tree, _, journal = _journal(spool, as_json)
     try:
@@ -188,7 +188,7 @@ def approve(
     as_json: JsonOpt = False,
 ) -> None:
     """Record an approval of a complete job's output, keyed by job and output hash."""
-    from .. import intent  # here: spool starts faster without it
+    from spool.queue import intent  # here: spool starts faster without it
 
     try:
         tree = open_tree(spool)
@@ -216,7 +216,7 @@ def approve(
 @app.command()
 def hold(job: JobArg, by: ByOpt = None, spool: SpoolOpt = None, as_json: JsonOpt = False) -> None:
     """Set a pending job aside in held/ (no worker claims it) until released."""
-    from .. import intent  # here: spool starts faster without it
+    from spool.queue import intent  # here: spool starts faster without it
 
     _move(intent.hold, job, by, spool, as_json, "held", "held")
 
@@ -225,7 +225,7 @@ def hold(job: JobArg, by: ByOpt = None, spool: SpoolOpt = None, as_json: JsonOpt
 def release(job: JobArg, by: ByOpt = None, spool: SpoolOpt = None, as_json: JsonOpt = False) -> None:
     """Return a held job to pending (one waiting for its upstreams to waiting/); a fan-out's
     parent: every held variant."""
-    from .. import intent  # here: spool starts faster without it
+    from spool.queue import intent  # here: spool starts faster without it
 
     tree, cfg, journal = _journal(spool, as_json)
     try:

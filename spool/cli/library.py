@@ -7,13 +7,13 @@ from typing import Annotated, Any
 
 import typer
 
-from .. import enrich, index, indexpaths, library
-from ..errors import InvalidInput, SpoolError
-from ..index import NAME_RE
-from ..model import JOB_ID_RE
-from ..tree import Tree
-from . import fast
-from .common import JsonOpt, SpoolOpt, app, echo, fail, open_spool, print_json, printable
+from spool.cli import fast
+from spool.cli.common import JsonOpt, SpoolOpt, app, echo, fail, open_spool, print_json, printable
+from spool.core.errors import InvalidInput, SpoolError
+from spool.core.model import JOB_ID_RE
+from spool.disk.tree import Tree
+from spool.library import catalog, enrich, index, indexpaths
+from spool.library.index import NAME_RE
 
 
 @app.command("search")
@@ -98,17 +98,17 @@ def enrich_cmd(
         typer.echo("\t".join(map(printable, fields)))
 
 
-def _targets(tree: Tree, cfg: Any, refs: list[str]) -> list[tuple[str, library.Got]]:
+def _targets(tree: Tree, cfg: Any, refs: list[str]) -> list[tuple[str, catalog.Got]]:
     if refs:
         out = []
         for ref in refs:
             if not (JOB_ID_RE.match(ref) or NAME_RE.match(ref)):
                 raise InvalidInput(ref, "is not a job ID (name@revision) or an asset name")
-            got = library.resolve(tree, ref)
+            got = catalog.resolve(tree, ref)
             out.append((got.job or ref, got))
         return out
-    res = library.search(tree, cfg, library.Query(), visibility=_every_visibility(tree))
-    return [(h.job, library.Got(h.job, h.sha256, tree.root / h.path, h.file)) for h in res.results]
+    res = catalog.search(tree, cfg, catalog.Query(), visibility=_every_visibility(tree))
+    return [(h.job, catalog.Got(h.job, h.sha256, tree.root / h.path, h.file)) for h in res.results]
 
 
 def _every_visibility(tree: Tree) -> list[str]:
@@ -142,7 +142,7 @@ def index_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Check the library index against the manifests (--rebuild repairs it)."""
-    from .. import segments
+    from spool.library import segments
 
     tree, cfg = open_spool(spool, as_json)
     merged = segments.merge(tree) if merge else (0, 0)
@@ -213,7 +213,7 @@ def adopt_cmd(
     when every file is adopted, 1 when some are not (untagged, invalid, failed)."""
     import sys
 
-    from .. import adopt
+    from spool.library import adopt
 
     tree, cfg = open_spool(spool, as_json)
     try:
@@ -260,7 +260,7 @@ def _progress(stream: Any) -> Any:
     """Files, bytes and rate as adoption goes: a bar on a terminal, else a line every 5 s."""
     import time
 
-    from .views import human_bytes
+    from spool.cli.views import human_bytes
 
     started = time.monotonic()
     last = [0.0]

@@ -1,8 +1,8 @@
 """Commands that look at the queue: status, watch, ls, show, logs, events, metrics, serve.
 
-None of them changes the spool. The facts come from :mod:`spool.overview`
-(status, watch, the page), :mod:`spool.eventlog` (events, show's timeline)
-and :mod:`spool.metrics`; how they look in a terminal from :mod:`.views`.
+None of them changes the spool. The facts come from :mod:`spool.observe.overview`
+(status, watch, the page), :mod:`spool.observe.eventlog` (events, show's timeline)
+and :mod:`spool.observe.metrics`; how they look in a terminal from :mod:`.views`.
 """
 
 from __future__ import annotations
@@ -16,10 +16,8 @@ from typing import Annotated
 
 import typer
 
-from .. import eventlog, families, overview, status
-from ..errors import InvalidInput, NotFound, NotReady, SpoolError
-from . import fast, views
-from .common import (
+from spool.cli import fast, views
+from spool.cli.common import (
     JsonOpt,
     SpoolOpt,
     app,
@@ -30,6 +28,10 @@ from .common import (
     printable_all,
     unsecret,
 )
+from spool.core import families
+from spool.core.errors import InvalidInput, NotFound, NotReady, SpoolError
+from spool.observe import eventlog, overview
+from spool.queue import status
 
 
 @app.command("status")
@@ -244,7 +246,7 @@ def metrics_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """The Prometheus metrics the workers wrote, merged into one exposition."""
-    from .. import metrics  # imported here: other commands start faster without it
+    from spool.observe import metrics  # imported here: other commands start faster without it
 
     tree, cfg = open_spool(spool, as_json)
     folder = metrics.folder(tree, cfg)
@@ -276,7 +278,7 @@ def serve(
     spool: SpoolOpt = None,
 ) -> None:
     """Serve the read-only status page and its JSON until Ctrl-C."""
-    from .. import web
+    from spool.observe import web
 
     tree, cfg = open_spool(spool, False)
     try:

@@ -2,8 +2,8 @@
 JSON and one-line errors, and the one place output is masked.
 
 Every field a plain (not ``--json``) command prints passes
-:func:`spool.printable.printable` (records laid out by rich:
-:func:`spool.printable.printable_all`), so no tag, name, reason or path can
+:func:`spool.core.printable.printable` (records laid out by rich:
+:func:`spool.core.printable.printable_all`), so no tag, name, reason or path can
 add a line or a field, or send the terminal an escape sequence.
 
 Importing this costs no typer and no rich, so the commands scripts call in
@@ -11,7 +11,7 @@ loops (:mod:`.fast`) run without building the typer app.
 
 Every byte the CLI prints passes one choke point, :func:`guard_output`: both
 standard streams (text and their binary buffers) mask the secrets
-:mod:`spool.secrets` knows. What is laid out or encoded first is masked
+:mod:`spool.core.secrets` knows. What is laid out or encoded first is masked
 before that, by :func:`unsecret`: the records behind ``status``, ``show`` and
 ``events`` (a terminal may wrap a long secret) and every :func:`print_json`
 value (JSON escapes some characters a secret may hold).
@@ -26,15 +26,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
 
-from .. import formats, secrets
-from ..errors import InvalidInput, NotFound, SpoolError
-from ..printable import printable
-from ..tree import Tree
+from spool.core import secrets
+from spool.core.errors import InvalidInput, NotFound, SpoolError
+from spool.core.printable import printable
+from spool.disk import formats
+from spool.disk.tree import Tree
 
 if TYPE_CHECKING:
     from datetime import datetime
 
-    from ..config import Config
+    from spool.core.config import Config
 
 #: ``spool --spool DIR COMMAND``: the option given before the command, as ``git -C``.
 before_command: dict[str, Path | None] = {"spool": None}
@@ -75,7 +76,7 @@ class _RedactingText:
 def guard_output() -> None:
     """Mask secrets in everything written to stdout and stderr from now on
     (idempotent). Secrets learnt later (a spool's ``[secrets]``) are masked too:
-    :func:`spool.secrets.redact` reads the current set at each write."""
+    :func:`spool.core.secrets.redact` reads the current set at each write."""
     if not isinstance(sys.stdout, _RedactingText):
         sys.stdout = _RedactingText(sys.stdout)
     if not isinstance(sys.stderr, _RedactingText):
@@ -119,7 +120,7 @@ def unsecret(value: Any) -> Any:
 
 def load_config(tree: Tree) -> Config:
     """The spool's config; its secrets are masked in everything printed from now on."""
-    from .. import config  # here: `spool ls` reads no config
+    from spool.core import config  # here: `spool ls` reads no config
 
     cfg = config.load(tree.config_file)
     secrets.install_from(cfg.secrets.env, cfg.secrets.files)

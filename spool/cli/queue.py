@@ -9,10 +9,10 @@ from typing import Annotated
 
 import typer
 
-from ..errors import InvalidInput, SpoolError
-from ..tree import Tree, write_atomic
-from . import fast
-from .common import JsonOpt, SpoolOpt, app, fail, load_config, print_json
+from spool.cli import fast
+from spool.cli.common import JsonOpt, SpoolOpt, app, fail, load_config, print_json
+from spool.core.errors import InvalidInput, SpoolError
+from spool.disk.tree import Tree, write_atomic
 
 # -- commands --------------------------------------------------------------------------
 
@@ -31,7 +31,7 @@ def init(
     as_json: JsonOpt = False,
 ) -> None:
     """Create the spool tree and a commented spool.toml (existing files are kept)."""
-    from .. import config
+    from spool.core import config
 
     tree = Tree.at(directory)
     try:

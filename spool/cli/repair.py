@@ -6,12 +6,12 @@ from typing import Annotated, Any
 
 import typer
 
-from ..errors import EXIT_ERROR, EXIT_NOT_FOUND, EXIT_NOT_READY, NotFound, SpoolError
-from ..events import Journal
-from ..model import Manifest
-from ..tree import HOST
-from .common import JsonOpt, SpoolOpt, app, fail, open_spool, print_json
-from .common import printable as pr
+from spool.cli.common import JsonOpt, SpoolOpt, app, fail, open_spool, print_json
+from spool.cli.common import printable as pr
+from spool.core.errors import EXIT_ERROR, EXIT_NOT_FOUND, EXIT_NOT_READY, NotFound, SpoolError
+from spool.core.model import Manifest
+from spool.disk.tree import HOST
+from spool.queue.events import Journal
 
 #: The identity ``spool recover`` acts under while it holds recovered jobs.
 RECOVERER = f"{HOST}-recover"
@@ -32,9 +32,9 @@ def recover_cmd(
     """Inspect interrupted attempts and recover them by evidence (dead workers; suspect ones when named)."""
     import threading
 
-    from .. import recover
-    from ..execute import Context
-    from ..workers import Identity
+    from spool.queue.execute import Context
+    from spool.queue.workers import Identity
+    from spool.repair import recover
 
     tree, cfg = open_spool(spool, as_json)
     ident = Identity(tree, RECOVERER)
@@ -104,7 +104,7 @@ def fsck_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Check every invariant over the whole tree; repair what has one repair; exit 0 only when clean."""
-    from .. import fsck
+    from spool.repair import fsck
 
     tree, cfg = open_spool(spool, as_json)
     problems = fsck.check(
@@ -136,7 +136,7 @@ def gc_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Remove unreferenced store objects and old attempts' work folders (never what a manifest names)."""
-    from .. import gc
+    from spool.repair import gc
 
     tree, cfg = open_spool(spool, as_json)
     rep = gc.collect(tree, cfg.recovery.work_retention, dry_run=dry_run)
@@ -164,7 +164,9 @@ def verify_cmd(
 
     Exit 1 if an output fails; else 4 if a named job does not exist; else 3 if
     a named job is not complete yet."""
-    from .. import kinds, status, store
+    from spool import kinds
+    from spool.disk import store
+    from spool.queue import status
 
     tree, cfg = open_spool(spool, as_json)
     ids = job or sorted(j for j, _ in status.job_ids(tree, "complete"))
@@ -225,7 +227,8 @@ def migrate_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Move the spool to the newest tree format in place (crash-safe: run it again after any stop)."""
-    from .. import formats, migrate
+    from spool.disk import formats
+    from spool.repair import migrate
 
     tree, cfg = open_spool(spool, as_json)
     try:

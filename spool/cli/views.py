@@ -1,6 +1,6 @@
 """How the queue looks in a terminal: the rich renderables of ``spool status``,
 ``spool watch``, ``spool show`` and ``spool events``. Formatting only; the facts
-come from :mod:`spool.overview` and :mod:`spool.eventlog`."""
+come from :mod:`spool.observe.overview` and :mod:`spool.observe.eventlog`."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from .plain import human_seconds
+from spool.cli.plain import human_seconds
 
 if TYPE_CHECKING:  # records are laid out, never decoded here: `spool status` needs no msgspec
-    from ..model import Event, Failure, Manifest, Progress
+    from spool.core.model import Event, Failure, Manifest, Progress
 
 STATE_STYLE = {
     "incoming": "cyan",
@@ -221,7 +221,7 @@ def _manifest(m: Manifest, thumbnail: str | None) -> list[RenderableType]:
             f"({v.decode_check} decode, {checks})"
         ),
     ]
-    for layer in v.layers or []:  # required layers (spool.layers): box, safe area, verdict
+    for layer in v.layers or []:  # required layers (spool.kinds.render.layers): box, safe area, verdict
         x, y, w, h = layer.box
         sx, sy, sw, sh = layer.safe
         size = f" size {layer.size}" if layer.size is not None else ""

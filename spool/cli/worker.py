@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
-from ..errors import NotFound
-from .common import JsonOpt, SpoolOpt, app, fail, open_spool, print_json, printable
+from spool.cli.common import JsonOpt, SpoolOpt, app, fail, open_spool, print_json, printable
+from spool.core.errors import NotFound
 
 worker_app = typer.Typer(help="Workers: lift a host quarantine.", no_args_is_help=True)
 app.add_typer(worker_app, name="worker")
@@ -20,7 +20,7 @@ def release_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Lift a worker's quarantine after fixing its host: it claims again within a poll interval."""
-    from .. import health
+    from spool.queue import health
 
     tree, _ = open_spool(spool, as_json)
     q = health.quarantined(tree, worker)

@@ -41,10 +41,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..config import Config
-from ..tree import HOST, Tree
-from .lab import Lab, errno_name
-from .mount import (
+from spool.core.config import Config
+from spool.disk.tree import HOST, Tree
+from spool.doctor.lab import Lab, errno_name
+from spool.doctor.mount import (
     LOCAL_FS,
     MEMORY_FS,
     NETWORK_FS,
@@ -55,7 +55,7 @@ from .mount import (
     mount_of,
     parse_mountinfo,
 )
-from .probes import (
+from spool.doctor.probes import (
     probe_excl,
     probe_fsync,
     probe_inotify,
@@ -67,8 +67,8 @@ from .probes import (
     probe_rename_race,
     probe_space,
 )
-from .report import LABELS, Choice, Finding, Report, render
-from .strategy import Verdict, choose_publish, choose_watch, verdict, warnings
+from spool.doctor.report import LABELS, Choice, Finding, Report, render
+from spool.doctor.strategy import Verdict, choose_publish, choose_watch, verdict, warnings
 
 __all__ = [
     "FULL_ROUNDS",

@@ -12,8 +12,8 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from .. import liveness
-from ..tree import HOST, Tree, make_dirs
+from spool.disk.tree import HOST, Tree, make_dirs
+from spool.queue import liveness
 
 
 class Lab:

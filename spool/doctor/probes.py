@@ -20,10 +20,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..config import Config
-from ..tree import Tree
-from .lab import Lab, errno_name, race, read, write
-from .report import Finding
+from spool.core.config import Config
+from spool.disk.tree import Tree
+from spool.doctor.lab import Lab, errno_name, race, read, write
+from spool.doctor.report import Finding
 
 
 def probe_rename(lab: Lab, rounds: int) -> Finding:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import Config
-from .mount import Mount
-from .report import Choice, Finding
+from spool.core.config import Config
+from spool.doctor.mount import Mount
+from spool.doctor.report import Choice, Finding
 
 
 def choose_publish(cfg: Config, links: Finding) -> Choice:

@@ -12,12 +12,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .adopt import AdoptJob
-    from .base import RENDER_POOL, Kind, Produced
-    from .generate.spec import GenerateJob
-    from .noop import NoopJob
-    from .registry import KINDS, Job, capacities, decode_job, named, of, owner_of_pool, parse_submission
-    from .render import RenderJob
+    from spool.kinds.adopt import AdoptJob
+    from spool.kinds.base import RENDER_POOL, Kind, Produced
+    from spool.kinds.generate.spec import GenerateJob
+    from spool.kinds.noop import NoopJob
+    from spool.kinds.registry import (
+        KINDS,
+        Job,
+        capacities,
+        decode_job,
+        named,
+        of,
+        owner_of_pool,
+        parse_submission,
+    )
+    from spool.kinds.render.kind import RenderJob
 
 __all__ = [
     "KINDS",
@@ -40,7 +49,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from . import registry
+        from spool.kinds import registry
 
         return getattr(registry, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

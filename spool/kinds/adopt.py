@@ -1,6 +1,6 @@
 """The ``adopt`` kind: an existing media file published as it is, without re-rendering.
 
-``spool library adopt`` (:mod:`spool.adopt`) makes one such job per file of a
+``spool library adopt`` (:mod:`spool.library.adopt`) makes one such job per file of a
 folder; its version goes through the one publish path like a render's. The
 contract, as the kind sees it:
 
@@ -29,19 +29,19 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import sources as sources_
-from .. import store
-from ..errors import InvalidInput
-from ..model import Check, Expect, JobBase, Output, ValidationReport, media_info
-from ..tree import link_or_copy
-from .base import Kind, Produced
+from spool.core.errors import InvalidInput
+from spool.core.model import Check, Expect, JobBase, Output, ValidationReport, media_info
+from spool.disk import store
+from spool.disk.tree import link_or_copy
+from spool.kinds.base import Kind, Produced
+from spool.media import sources as sources_
 
 if TYPE_CHECKING:
-    from ..attempt import Attempt
-    from ..config import Config
-    from ..context import Context
-    from ..submission import Submission
-    from ..tree import Tree
+    from spool.core.config import Config
+    from spool.core.submission import Submission
+    from spool.disk.tree import Tree
+    from spool.queue.attempt import Attempt
+    from spool.queue.context import Context
 
 #: File extensions adoption takes, and the container each is published as.
 CONTAINERS = {".mp4": "mp4", ".m4v": "mp4", ".mov": "mov", ".webm": "webm"}
@@ -63,8 +63,8 @@ class Adopt(Kind[AdoptJob]):
         return POOL
 
     def freeze(self, tree: Tree, cfg: Config, sub: Submission, common: dict[str, Any]) -> AdoptJob:
-        from ..probe import ebml_doctype
-        from ..validate import check_probe
+        from spool.media.probe import ebml_doctype
+        from spool.media.validate import check_probe
 
         if set(sub.sources) != {ROLE}:
             raise InvalidInput("sources", f"an adopt job takes exactly one source, {ROLE!r}")

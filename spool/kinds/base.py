@@ -13,8 +13,8 @@ A kind owns:
 * **spec_hash**: the hash of its spec, stored as ``recipe_hash`` and checked
   again at claim, so an edited job file is never run;
 * **produce** (execution): make a candidate inside the attempt's ``work/``,
-  raising :class:`spool.errors.Failed` for a located failure or
-  :class:`spool.errors.Interrupted` when the daemon stops;
+  raising :class:`spool.core.errors.Failed` for a located failure or
+  :class:`spool.core.errors.Interrupted` when the daemon stops;
 * **check** (the validation gate): a report on a candidate; the same check
   recovery runs on a leftover candidate;
 * **candidate**: where the evidence of an attempt lies, for recovery;
@@ -36,7 +36,7 @@ How an attempt runs is the kind's choice (:attr:`Kind.runner`):
   side of an ending first, and :meth:`Kind.audit` may look on afterwards.
 
 Everything after the candidate (store, manifest, ``complete/``) is the one
-publish path of :mod:`spool.publish`, the same for every kind.
+publish path of :mod:`spool.queue.publish`, the same for every kind.
 """
 
 from __future__ import annotations
@@ -49,18 +49,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
-from .. import pools
-from ..errors import InvalidInput
-from ..model import JobBase, ValidationReport, canonical_json
-from ..sourceref import refs
+from spool.core.errors import InvalidInput
+from spool.core.model import JobBase, ValidationReport, canonical_json
+from spool.core.sourceref import refs
+from spool.kinds import pools
 
 if TYPE_CHECKING:
-    from ..attempt import Attempt
-    from ..config import Config
-    from ..context import Context
-    from ..families import Family
-    from ..submission import Submission
-    from ..tree import Tree
+    from spool.core.config import Config
+    from spool.core.families import Family
+    from spool.core.submission import Submission
+    from spool.disk.tree import Tree
+    from spool.queue.attempt import Attempt
+    from spool.queue.context import Context
 
 J = TypeVar("J", bound=JobBase)
 
@@ -150,7 +150,7 @@ class Kind(abc.ABC, Generic[J]):
     #: driver calling :meth:`step` (see the module docstring).
     runner: ClassVar[Literal["slot", "driven"]] = "slot"
     #: The submission field that holds this kind's own part, and the type it is decoded
-    #: as (:func:`spool.submission.for_kind`); ``None``: the kind takes none.
+    #: as (:func:`spool.core.submission.for_kind`); ``None``: the kind takes none.
     spec_field: ClassVar[str | None] = None
     spec_type: ClassVar[Any] = None
 
@@ -181,7 +181,7 @@ class Kind(abc.ABC, Generic[J]):
     def freeze(self, tree: Tree, cfg: Config, sub: Submission, common: dict[str, Any]) -> J:
         """Check the kind-specific part of a submission against the world and
         freeze it; ``common`` holds the fields every job has (ID, tags, ...).
-        Raises :class:`spool.errors.InvalidInput` naming the field."""
+        Raises :class:`spool.core.errors.InvalidInput` naming the field."""
 
     @abc.abstractmethod
     def spec(self, job: J) -> object:
@@ -201,12 +201,12 @@ class Kind(abc.ABC, Generic[J]):
     ) -> J:
         """A job whose sources ``upstream`` (roles) come from other jobs not yet published:
         check what can be checked without their media, and return the job as it waits in
-        ``waiting/`` (:mod:`spool.depends`). By default a kind takes no such source."""
+        ``waiting/`` (:mod:`spool.queue.depends`). By default a kind takes no such source."""
         role = sorted(upstream)[0]
         raise InvalidInput(f"sources.{role}", f"a {self.name} job cannot take a source from another job")
 
     def upstream_refs(self, tree: Tree, cfg: Config, sub: Submission) -> dict[str, Any]:
-        """The sources of a submission that name other jobs, by role (``spool.depends.SourceRef``)."""
+        """The sources of a submission that name other jobs, by role (``spool.queue.depends.SourceRef``)."""
         return dict(refs(sub.sources))
 
     def resolve(self, tree: Tree, cfg: Config, waiting: J, sub: Submission, common: dict[str, Any]) -> J:

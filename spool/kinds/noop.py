@@ -11,16 +11,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InvalidInput
-from ..model import Check, Expect, JobBase, Output, ValidationReport
-from .base import Kind, Produced
+from spool.core.errors import InvalidInput
+from spool.core.model import Check, Expect, JobBase, Output, ValidationReport
+from spool.kinds.base import Kind, Produced
 
 if TYPE_CHECKING:
-    from ..attempt import Attempt
-    from ..config import Config
-    from ..context import Context
-    from ..submission import Submission
-    from ..tree import Tree
+    from spool.core.config import Config
+    from spool.core.submission import Submission
+    from spool.disk.tree import Tree
+    from spool.queue.attempt import Attempt
+    from spool.queue.context import Context
 
 
 class NoopJob(JobBase, tag="noop"):

@@ -15,16 +15,16 @@ from typing import TYPE_CHECKING, Any, Union
 
 import msgspec
 
-from ..config import Config
-from ..decoding import convert
-from ..errors import InvalidInput
-from ..model import JobBase
-from ..submission import Submission, for_kind
-from .adopt import AdoptJob
-from .base import RENDER_POOL, Kind, Produced
-from .generate.spec import GenerateJob
-from .noop import NoopJob
-from .render import RenderJob
+from spool.core.config import Config
+from spool.core.decoding import convert
+from spool.core.errors import InvalidInput
+from spool.core.model import JobBase
+from spool.core.submission import Submission, for_kind
+from spool.kinds.adopt import AdoptJob
+from spool.kinds.base import RENDER_POOL, Kind, Produced
+from spool.kinds.generate.spec import GenerateJob
+from spool.kinds.noop import NoopJob
+from spool.kinds.render.kind import RenderJob
 
 #: Modules of this package that are not kinds.
 _NOT_KINDS = frozenset({"base", "registry"})

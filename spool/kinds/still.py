@@ -23,20 +23,20 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 
-from .. import sources as sources_
-from ..decoding import convert
-from ..errors import Failed, InvalidInput
-from ..model import Check, Expect, JobBase, Output, ValidationReport
-from ..probe import ProbeError, ffprobe, streams_of
-from ..store import sha256_file
-from .base import Kind, Produced
+from spool.core.decoding import convert
+from spool.core.errors import Failed, InvalidInput
+from spool.core.model import Check, Expect, JobBase, Output, ValidationReport
+from spool.disk.store import sha256_file
+from spool.kinds.base import Kind, Produced
+from spool.media import sources as sources_
+from spool.media.probe import ProbeError, ffprobe, streams_of
 
 if TYPE_CHECKING:
-    from ..attempt import Attempt
-    from ..config import Config
-    from ..context import Context
-    from ..submission import Submission
-    from ..tree import Tree
+    from spool.core.config import Config
+    from spool.core.submission import Submission
+    from spool.disk.tree import Tree
+    from spool.queue.attempt import Attempt
+    from spool.queue.context import Context
 
 #: The one source role of a still job.
 ROLE = "clip"

@@ -242,9 +242,9 @@ def make_spool(
 ) -> Path:
     """A fresh spool at ``root`` whose spool.toml has the defaults plus ``settings``; ``fmt=1``
     makes it a spool of the original layout (no ``FORMAT`` file), written in format 1."""
-    from spool import formats
-    from spool import settings as spool_settings
-    from spool.tree import Tree
+    from spool.core import settings as spool_settings
+    from spool.disk import formats
+    from spool.disk.tree import Tree
 
     tree = Tree.at(root)
     tree.create()
@@ -272,8 +272,8 @@ def noop_job(name: str, tags: dict[str, str], submitted_at: datetime) -> Any:
     tree (``pending/``, ``complete/``) without going through acceptance."""
     import hashlib
 
+    from spool.core.model import Expect, Output
     from spool.kinds import NoopJob
-    from spool.model import Expect, Output
 
     return NoopJob(
         job_id=f"{name}@1",

@@ -6,7 +6,7 @@
   render jobs whose clip is ``{"job": upstream}``), so all of them wait in ``waiting/``.
   Then, upstream by upstream: claimed and executed in this process (real FFmpeg, gate,
   store, manifest, ``complete/``), and at once the call the daemon makes on its own
-  journal event, ``spool.depends.settle(changed=[upstream])``: each dependent frozen to the
+  journal event, ``spool.queue.depends.settle(changed=[upstream])``: each dependent frozen to the
   upstream's store object (its sha256 in sources, ``upstreams`` and the recipe hash),
   renamed to ``pending/``, every folder fsynced once, the journal lines written. A
   dependent's figure is the time from the upstream's ``complete/`` rename to the end of
@@ -71,10 +71,12 @@ def _dependents(name: str, upstream: str, n: int) -> dict[str, object]:
 
 def _spool(ups: int, per: int) -> tuple[list[float], int, float]:
     """Dependents' publish-to-pending seconds, upstreams released in one batch, accept time."""
-    from spool import accept, claim, config, depends, execute, samples
-    from spool.context import Context
-    from spool.events import Journal
-    from spool.tree import Tree
+    from spool.core import config
+    from spool.disk.tree import Tree
+    from spool.media import samples
+    from spool.queue import accept, claim, depends, execute
+    from spool.queue.context import Context
+    from spool.queue.events import Journal
 
     with scratch("disk", "depends") as d:
         assets = d / "assets"

@@ -34,7 +34,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from spool import config
+from spool.core import config
 
 from .common import (
     ROOTS,

@@ -3,7 +3,7 @@ and adopting an existing folder (:mod:`.adoption`).
 
 The tree is built fast on the local disk: for each asset a complete job file,
 a manifest, a tiny store object and its index entries (the layout
-``spool.index.index_job`` writes, made here without fsync). Tags spread so a
+``spool.library.index.index_job`` writes, made here without fsync). Tags spread so a
 two-tag query (``campaign`` one of 97 values, ``locale`` one of 10,
 independent) matches about N / 970 assets.
 
@@ -58,7 +58,7 @@ def _tags(i: int) -> dict[str, str]:
 
 
 def _manifest(i: int, digest: str, store_path: str) -> object:
-    from spool.model import Manifest, PublishedFile, ValidationReport
+    from spool.core.model import Manifest, PublishedFile, ValidationReport
 
     t = datetime.now(UTC)
     return Manifest(
@@ -94,9 +94,9 @@ def _write(path: Path, data: bytes) -> None:
 
 def build(root: Path, n: int) -> None:
     """``n`` complete, indexed assets, written directly (no fsync)."""
-    from spool import index, indexpaths
-    from spool.model import encode
-    from spool.tree import Tree
+    from spool.core.model import encode
+    from spool.disk.tree import Tree
+    from spool.library import index, indexpaths
 
     make_spool(root, noop_settings())
     tree = Tree.at(root)
@@ -152,8 +152,8 @@ def _footprint(root: Path) -> tuple[int, int]:
 
 def index_cost(kind: str, jobs: int) -> float:
     """Milliseconds ``index_job`` adds per job on a fresh spool of this filesystem kind."""
-    from spool import index
-    from spool.tree import Tree
+    from spool.disk.tree import Tree
+    from spool.library import index
 
     with scratch(kind, "index") as d:
         tree = Tree.at(make_spool(d / "spool", noop_settings()))
@@ -180,8 +180,9 @@ def keys(mode: str) -> list[str]:
 
 
 def run(mode: str) -> tuple[list[Row], list[str]]:
-    from spool import config, library
-    from spool.tree import Tree
+    from spool.core import config
+    from spool.disk.tree import Tree
+    from spool.library import catalog
 
     n, rounds, jobs = PLAN[mode]
     rows: list[Row] = []
@@ -193,12 +194,12 @@ def run(mode: str) -> tuple[list[Row], list[str]]:
         tree = Tree.at(root)
         cfg = config.load(tree.config_file)
         terms = ["campaign=c42", "locale=l1"]
-        query = library.parse_terms(terms)
-        hits = len(library.search(tree, cfg, query).results)  # the warm-up run
+        query = catalog.parse_terms(terms)
+        hits = len(catalog.search(tree, cfg, query).results)  # the warm-up run
         calls, cpu = [], []
         for _ in range(max(rounds, 5) * 4):
             t, c = time.perf_counter(), time.process_time()
-            library.search(tree, cfg, query)
+            catalog.search(tree, cfg, query)
             calls.append((time.perf_counter() - t) * 1e3)
             cpu.append((time.process_time() - c) * 1e3)
         rows.append(
@@ -264,7 +265,7 @@ def run(mode: str) -> tuple[list[Row], list[str]]:
     notes = [
         "library: a tree of complete, indexed no-op assets built without fsync on the local disk; "
         "search_call is in-process after a warm-up; search_cli vs status are real commands, interleaved; "
-        "index_cost times spool.index.index_job alone (what the publish path adds).",
+        "index_cost times spool.library.index.index_job alone (what the publish path adds).",
         *adopt_notes,
     ]
     return rows, notes

@@ -134,11 +134,12 @@ def steady_state(server: Path, mount: Path, window: float, *, metrics: bool = Tr
     """A daemon that indexes but claims nothing (quarantined), once its backlog is read:
     its CPU share and calls per minute while 5 jobs a second arrive; with its metrics
     file (the default) or without (``[observe] metrics_dir = ""``)."""
-    from spool import health, settings
-    from spool.model import WorkerRecord
-    from spool.status import read
-    from spool.tree import Tree
-    from spool.workers import worker_id
+    from spool.core import settings
+    from spool.core.model import WorkerRecord
+    from spool.disk.tree import Tree
+    from spool.queue import health
+    from spool.queue.status import read
+    from spool.queue.workers import worker_id
 
     worker = worker_id("nasidle")
     tree = Tree.at(server)

@@ -1,4 +1,4 @@
-"""Publish: ``spool.store.put`` of a large output against ``sha256sum`` of the same file.
+"""Publish: ``spool.disk.store.put`` of a large output against ``sha256sum`` of the same file.
 
 The output must be read once to be hashed, so ``sha256sum`` (coreutils, as an
 operator would verify the store from a shell) is the floor. The candidate sits
@@ -47,8 +47,8 @@ def _make_file(path: Path, size: int) -> None:
 
 
 def _one(kind: str, size: int, rounds: int, label: str) -> list[Row]:
-    from spool import store
-    from spool.tree import Tree
+    from spool.disk import store
+    from spool.disk.tree import Tree
 
     fs = fs_type(ROOTS[kind])
     copied: list[int] = []

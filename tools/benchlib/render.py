@@ -76,7 +76,7 @@ SPECS = {
 
 def media(spec: Spec) -> dict[str, Path]:
     """Source media for the ad, made once with FFmpeg and kept between runs."""
-    from spool import samples
+    from spool.media import samples
 
     folder = ROOTS["disk"] / "spool-bench-media" / f"{spec.width}x{spec.height}-{spec.seconds:g}s"
     folder.mkdir(parents=True, exist_ok=True)
@@ -154,7 +154,7 @@ class SpoolRun:
 
 class Bench:
     def __init__(self, base: Path, spec: Spec, src: dict[str, Path]) -> None:
-        from spool import config
+        from spool.core import config
 
         self.base = base
         self.spec = spec
@@ -297,7 +297,8 @@ def run(mode: str) -> tuple[list[Row], list[str]]:
 def measure(spec: Spec, rounds: int) -> Measured:
     """A warm-up job, then ``rounds`` rotated rounds of bare FFmpeg and spool in each decode
     mode, then spool's probe and hash functions timed on the same files."""
-    from spool import probe, store
+    from spool.disk import store
+    from spool.media import probe
 
     src = media(spec)
     with scratch("disk", "render") as base:

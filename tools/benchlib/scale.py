@@ -1,7 +1,7 @@
 """Scale: the CLI's reading commands and the daemon's memory with 1,000 to 100,000 jobs.
 
-The tree is built fast by writing valid no-op job files (``spool.model.Job``,
-encoded by ``spool.model.encode``) straight into ``pending/`` of a spool on
+The tree is built fast by writing valid no-op job files (``spool.core.model.Job``,
+encoded by ``spool.core.model.encode``) straight into ``pending/`` of a spool on
 the local disk (no ``attempts/J`` reservations: nothing measured reads them).
 
 * ``spool status``, ``spool status --json`` and ``spool ls pending`` run as
@@ -89,7 +89,7 @@ PLAN: dict[str, tuple[list[int], int, float]] = {
 
 def build_tree(root: Path, n: int) -> None:
     """``n`` valid no-op jobs in ``pending/``, written directly (no fsync)."""
-    from spool.model import encode
+    from spool.core.model import encode
 
     make_spool(root, noop_settings(limits={"max_active": 1}))
     pending = root / "pending"
@@ -106,8 +106,8 @@ def build_tree(root: Path, n: int) -> None:
 
 def parse_all(pending: Path) -> float:
     """What counting by parsing would cost: read and decode every job file (in-process)."""
+    from spool.core.model import decode
     from spool.kinds import Job
-    from spool.model import decode
 
     t0 = time.perf_counter()
     for e in os.scandir(pending):

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import msgspec
 
-from ...model import Record, decode, encode
-from ...tree import make_dirs, read_retrying, write_atomic
+from spool.core.model import Record, decode, encode
+from spool.disk.tree import make_dirs, read_retrying, write_atomic
 
 
 class Pause(Record, kw_only=True):

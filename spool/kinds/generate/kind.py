@@ -18,26 +18,26 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import msgspec
 
-from ...decoding import convert
-from ...errors import InvalidInput
-from ...families import Family
-from ...faults import crashpoint
-from ...model import AttemptRecord, Output, ValidationReport
-from ...records import read
-from ...store import sha256_file
-from ...validate import validate
-from ..base import Abort, Gate, Kind, Next
-from . import states
-from .providers.config import pool_capacities, pool_name
-from .runner import Runner
-from .spec import GenerateJob, GenerateSpec
+from spool.core.decoding import convert
+from spool.core.errors import InvalidInput
+from spool.core.families import Family
+from spool.core.faults import crashpoint
+from spool.core.model import AttemptRecord, Output, ValidationReport
+from spool.disk.records import read
+from spool.disk.store import sha256_file
+from spool.kinds.base import Abort, Gate, Kind, Next
+from spool.kinds.generate import states
+from spool.kinds.generate.providers.config import pool_capacities, pool_name
+from spool.kinds.generate.runner import Runner
+from spool.kinds.generate.spec import GenerateJob, GenerateSpec
+from spool.media.validate import validate
 
 if TYPE_CHECKING:
-    from ...accept import Submission
-    from ...attempt import Attempt
-    from ...config import Config
-    from ...context import Context
-    from ...tree import Tree
+    from spool.core.config import Config
+    from spool.disk.tree import Tree
+    from spool.queue.accept import Submission
+    from spool.queue.attempt import Attempt
+    from spool.queue.context import Context
 
 POOL_PREFIX = pool_name("")
 

@@ -21,8 +21,8 @@ from urllib.parse import quote
 
 import msgspec
 
-from ...model import Record, decode, encode, now
-from ...tree import make_dirs, read_retrying, write_atomic
+from spool.core.model import Record, decode, encode, now
+from spool.disk.tree import make_dirs, read_retrying, write_atomic
 
 
 class Entry(Record, kw_only=True):

@@ -38,7 +38,7 @@ import random
 import threading
 from dataclasses import dataclass, replace
 
-from .providers.config import ProviderConfig, RetryOverride
+from spool.kinds.generate.providers.config import ProviderConfig, RetryOverride
 
 #: Exponents beyond this are the ceiling anyway (and would overflow a float).
 _MAX_EXP = 60

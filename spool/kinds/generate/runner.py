@@ -7,7 +7,7 @@ The daemon's driver calls :meth:`Runner.step` whenever an attempt is due and
 
 until the effect is a wait (the driver comes back at its time), a retrieval
 (handed to a transfer thread), the candidate for the publish path, or an
-ending (raised: a :class:`GenFailed`, :class:`spool.errors.Deferred`). Every
+ending (raised: a :class:`GenFailed`, :class:`spool.core.errors.Deferred`). Every
 decision is :func:`.workflow.decide`'s; this module only does what it says,
 in the order of writes each effect needs (see each ``_effect`` method), and
 records what happened as evidence for the next decision, in memory when the
@@ -33,23 +33,23 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from ... import cancel
-from ...errors import ConfigError, Deferred, Failed, Interrupted
-from ...faults import crashpoint
-from ...model import JobBase, now
-from ...store import sha256_file
-from ..base import Abort, Gate, Next, Produced
-from . import admission, ledger, spending, states, workflow
-from .providers.config import ProviderConfig
-from .retries import Backpressure, policies
-from .spec import GenerateJob
-from .states import CreateRequest, CreateResult, Progress, View
+from spool.core.errors import ConfigError, Deferred, Failed, Interrupted
+from spool.core.faults import crashpoint
+from spool.core.model import JobBase, now
+from spool.disk.store import sha256_file
+from spool.kinds.base import Abort, Gate, Next, Produced
+from spool.kinds.generate import admission, ledger, spending, states, workflow
+from spool.kinds.generate.providers.config import ProviderConfig
+from spool.kinds.generate.retries import Backpressure, policies
+from spool.kinds.generate.spec import GenerateJob
+from spool.kinds.generate.states import CreateRequest, CreateResult, Progress, View
+from spool.queue import cancel
 
 if TYPE_CHECKING:
-    from ...attempt import Attempt
-    from ...config import Config
-    from ...context import Context
-    from .providers.base import Provider, ProviderError
+    from spool.core.config import Config
+    from spool.kinds.generate.providers.base import Provider, ProviderError
+    from spool.queue.attempt import Attempt
+    from spool.queue.context import Context
 
 log = logging.getLogger("spool.generate")
 
@@ -118,7 +118,7 @@ class Runner:
     def client(self, cfg: Config, name: str) -> Provider:
         """The live client of ``[providers.<name>]``; a changed table gets a new one (the old
         one is closed at :meth:`close`: a download may still stream through it)."""
-        from . import providers  # its HTTP side (httpx) loads on first use
+        from spool.kinds.generate import providers  # its HTTP side (httpx) loads on first use
 
         table = cfg.provider_configs.get(name)
         if table is None:
@@ -159,7 +159,7 @@ class Runner:
     @staticmethod
     def _unusable(name: str, exc: ConfigError) -> GenFailed:
         """This daemon cannot speak to the provider (no table, no token): the host's fault,
-        so the job moves on to a worker that can (:mod:`spool.blocklist`)."""
+        so the job moves on to a worker that can (:mod:`spool.queue.blocklist`)."""
         return GenFailed(
             workflow.Fail(
                 stage="prepare",
@@ -417,7 +417,7 @@ class Runner:
     ) -> None:
         """Reserve (the spending guard), log create request ``k`` durably, send it, and
         record its outcome durably: the evidence a crash must not lose."""
-        from .providers.base import ProviderError
+        from spool.kinds.generate.providers.base import ProviderError
 
         gen = _gen(attempt)
         rec = view.record
@@ -521,7 +521,7 @@ class Runner:
         view: View,
         eff: workflow.Find,
     ) -> workflow.Evidence:
-        from .providers.base import ProviderError
+        from spool.kinds.generate.providers.base import ProviderError
 
         prog = view.progress or Progress()
         offset = client.clock_offset or 0.0
@@ -604,7 +604,7 @@ class Runner:
     def _poll(
         self, client: Provider, policy: workflow.Policy, gen: Path, view: View, eff: workflow.Poll
     ) -> workflow.Evidence:
-        from .providers.base import ProviderError
+        from spool.kinds.generate.providers.base import ProviderError
 
         prog = view.progress or Progress()
         try:
@@ -639,7 +639,7 @@ class Runner:
     def safe_cancel(self, client: Provider, pid: str, seen: str | None = None) -> str:
         """Cancel a provider job where that is safe: never one seen finished (a ``DELETE``
         of a finished Runway task deletes the paid result); returns what was done."""
-        from .providers.base import FINAL, ProviderError
+        from spool.kinds.generate.providers.base import FINAL, ProviderError
 
         if seen is None or client.cancel_deletes:
             try:
@@ -692,7 +692,7 @@ class Runner:
         eff: workflow.Retrieve,
         abort: Abort,
     ) -> workflow.Evidence:
-        from .providers.base import ProviderError
+        from spool.kinds.generate.providers.base import ProviderError
 
         rec = view.record
         assert rec is not None
@@ -734,7 +734,7 @@ class Runner:
         raise Interrupted()
 
     def _refresh(self, client: Provider, gen: Path, view: View, eff: workflow.Refresh) -> workflow.Evidence:
-        from .providers.base import ProviderError
+        from spool.kinds.generate.providers.base import ProviderError
 
         try:
             job = client.get(eff.provider_job_id)
@@ -811,7 +811,7 @@ class Runner:
     def audit(self, ctx: Context, job_id: str, n: int) -> float | None:
         """One look at an abandoned attempt's provider job: a success goes to
         ``late-completion.json`` and nowhere else (the attempt is ``failed``)."""
-        from .providers.base import ProviderError
+        from spool.kinds.generate.providers.base import ProviderError
 
         key = key_of(job_id, n)
         with self._lock:

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from ...model import JobBase, Record
+from spool.core.model import JobBase, Record
 
 ProviderName = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")]
 ModelName = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]

@@ -46,9 +46,9 @@ from pathlib import Path
 
 import msgspec
 
-from ...errors import SpoolError
-from ...model import encode
-from ...tree import HOST, make_dirs, visible_names, write_atomic
+from spool.core.errors import SpoolError
+from spool.core.model import encode
+from spool.disk.tree import HOST, make_dirs, visible_names, write_atomic
 
 HOUR = 3600.0
 DAY = 86400.0

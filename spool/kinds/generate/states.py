@@ -68,9 +68,9 @@ from typing import Any, Literal
 
 import msgspec
 
-from ...errors import SpoolError
-from ...model import Record, canonical_json, decode, encode, now
-from ...tree import VANISHED, fsync_dir, link_no_replace, make_dirs, read_retrying, write_atomic
+from spool.core.errors import SpoolError
+from spool.core.model import Record, canonical_json, decode, encode, now
+from spool.disk.tree import VANISHED, fsync_dir, link_no_replace, make_dirs, read_retrying, write_atomic
 
 GenState = Literal["submitted", "generating", "retrieving", "stored", "indexed", "failed"]
 #: The states in order; the ordinal prefixes file names so ``ls`` sorts them.

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...tree import Tree
-from . import states
+from spool.disk.tree import Tree
+from spool.kinds.generate import states
 
 #: No new evidence for this many polling ceilings: the generation needs a look.
 STALE_CEILINGS = 3

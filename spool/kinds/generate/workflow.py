@@ -48,11 +48,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Literal
 
-from .retries import RECREATES, RetryPolicy
-from .states import Create, Intent, Result, View
+from spool.kinds.generate.retries import RECREATES, RetryPolicy
+from spool.kinds.generate.states import Create, Intent, Result, View
 
 if TYPE_CHECKING:  # the HTTP side (httpx) loads only where a provider is called
-    from .providers.base import Lookup, ProviderError, RemoteJob
+    from spool.kinds.generate.providers.base import Lookup, ProviderError, RemoteJob
 
 #: The next action of an attempt whose create may have made a job spool cannot identify.
 CHECK_PROVIDER = (

@@ -21,11 +21,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ....errors import ConfigError
-from .config import ProviderConfig, parse_provider, parse_providers, secret_names
+from spool.core.errors import ConfigError
+from spool.kinds.generate.providers.config import (
+    ProviderConfig,
+    parse_provider,
+    parse_providers,
+    secret_names,
+)
 
 if TYPE_CHECKING:
-    from .base import (
+    from spool.kinds.generate.providers.base import (
         FINAL,
         Downloaded,
         HttpProvider,
@@ -49,15 +54,15 @@ _FROM_BASE = frozenset(
 
 def _builtin() -> dict[str, Factory]:
     """The built-in kinds (their clients import httpx)."""
-    from .replicate import Replicate
-    from .runway import Runway
+    from spool.kinds.generate.providers.replicate import Replicate
+    from spool.kinds.generate.providers.runway import Runway
 
     return {"replicate": Replicate, "runway": Runway}
 
 
 def __getattr__(name: str) -> Any:
     if name in _FROM_BASE:
-        from . import base
+        from spool.kinds.generate.providers import base
 
         return getattr(base, name)
     if name == "BUILTIN":
@@ -100,7 +105,7 @@ def kinds() -> dict[str, Factory]:
 
 def _lazy(ep: Any) -> Factory:
     def make(config: ProviderConfig, token: str, **kw: Any) -> Provider:
-        from .base import Provider
+        from spool.kinds.generate.providers.base import Provider
 
         try:
             factory = ep.load()

@@ -21,7 +21,7 @@ refused) or ``final`` (any other 4xx): nothing was made either way.
 
 The token is sent only to ``base_url``'s origin (output URLs on other hosts
 get no ``Authorization``), and no message this module builds contains it:
-provider replies pass :func:`spool.secrets.redact` and a local mask.
+provider replies pass :func:`spool.core.secrets.redact` and a local mask.
 """
 
 from __future__ import annotations
@@ -45,10 +45,10 @@ from urllib.parse import urlsplit
 import httpx
 import msgspec
 
-from .... import secrets
-from ....errors import SpoolError
-from ...base import Abort
-from .config import ProviderConfig
+from spool.core import secrets
+from spool.core.errors import SpoolError
+from spool.kinds.base import Abort
+from spool.kinds.generate.providers.config import ProviderConfig
 
 #: Normalised provider statuses. ``queued`` covers "accepted, not started" and
 #: "throttled"; ``failed`` covers the provider's own aborts; ``unknown`` is a status
@@ -377,7 +377,7 @@ class HttpProvider(Provider):
 
     # -- messages --------------------------------------------------------------
     def _mask(self, text: str) -> str:
-        """``text`` safe to keep: the token masked even if spool.secrets was never told of it."""
+        """``text`` safe to keep: the token masked even if spool.core.secrets was never told of it."""
         text = secrets.redact(text)
         return text.replace(self._token, secrets.MASK) if self._token else text
 

@@ -4,7 +4,7 @@ The generate kind's settings schema. A provider table names the *environment
 variable* that holds the token (``token_env``), never the token: the token
 lives only in the daemon's environment and in the ``Authorization`` header of
 requests to ``base_url``. :func:`secret_names` lists those variable names so
-the caller can hand them to :func:`spool.secrets.install_from`, which masks
+the caller can hand them to :func:`spool.core.secrets.install_from`, which masks
 their values in every log, event, failure record and error message.
 
 Example::
@@ -53,9 +53,9 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from ....decoding import convert
-from ....errors import ConfigError, InvalidInput
-from ....units import Seconds, parse_size
+from spool.core.decoding import convert
+from spool.core.errors import ConfigError, InvalidInput
+from spool.core.units import Seconds, parse_size
 
 #: A provider's name: the key of ``[providers.<name>]`` and a folder name under ``providers/``.
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
@@ -310,7 +310,7 @@ def parse_providers(tables: Any) -> dict[str, ProviderConfig]:
 
 
 def pool_name(provider: str) -> str:
-    """The resource pool a provider's generations draw from (see :mod:`spool.pools`)."""
+    """The resource pool a provider's generations draw from (see :mod:`spool.kinds.pools`)."""
     return f"provider:{provider}"
 
 
@@ -320,5 +320,5 @@ def pool_capacities(configs: Iterable[ProviderConfig]) -> dict[str, int]:
 
 
 def secret_names(configs: Iterable[ProviderConfig]) -> list[str]:
-    """The environment variables whose values :mod:`spool.secrets` must mask."""
+    """The environment variables whose values :mod:`spool.core.secrets` must mask."""
     return sorted({c.token_env for c in configs})

@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
-from .base import HttpProvider, Lookup, RemoteJob, Status, origin, pick_video
+from spool.kinds.generate.providers.base import HttpProvider, Lookup, RemoteJob, Status, origin, pick_video
 
 _STATUS: dict[str, Status] = {
     "starting": "queued",

@@ -29,7 +29,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
-from .base import HttpProvider, Lookup, RemoteJob, Status, pick_video
+from spool.kinds.generate.providers.base import HttpProvider, Lookup, RemoteJob, Status, pick_video
 
 _STATUS: dict[str, Status] = {
     "PENDING": "queued",

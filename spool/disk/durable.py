@@ -1,0 +1,538 @@
+"""How bytes reach the disk durably: the tree layer's toolkit for every write to a spool.
+
+The on-disk protocol's write rules live here, in one place (ARCHITECTURE.md's table
+names, for each file, which one it follows):
+
+* A new file is written under a hidden, unique temporary name *in its final
+  folder*, flushed with fsync, given its visible name (renamed, or linked where it
+  must not replace), and then the folder itself is fsynced. A reader never sees a
+  partial file under a visible name, and after a crash the file is either wholly
+  there or not there at all (:func:`write_atomic`).
+* A state transition is one ``os.rename`` between two folders of the same
+  filesystem, followed by an fsync of both folders (destination first, so the new
+  name is durable before the old one's disappearance is: :func:`transfer`).
+* A second name for the same bytes is a hard link where the filesystem allows, else
+  a copy hashed back from the disk (:func:`link_or_copy`, one errno set: ``NO_LINKS``).
+* Folder fsyncs go through group commit only after an explicit act
+  (:func:`route_folder_fsyncs`); a folder is listed by :func:`list_folder`.
+* Temporary names carry host, pid and a random token: writers on different hosts
+  that share a spool over a NAS never collide (joblib#1610), and every name starting
+  with ``.`` is invisible to scanners, ``ls`` and submitters' Maildir-style drops.
+
+:mod:`spool.disk.tree` says *where* each file lives and imports these names from here.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import re
+import stat
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+#: Errors that mean "this name is not (or no longer) there" on some filesystem.
+#: Network filesystems report lost races with odd errnos (sshfs: EPERM, fuse-nfs:
+#: EFAULT/ESTALE), so callers classify by this set rather than by ENOENT alone.
+VANISHED = frozenset({errno.ENOENT, errno.ESTALE, errno.EPERM, errno.EFAULT, errno.EIO})
+
+
+#: Errors a reader gets, on some network filesystems, from a file that another client
+#: is replacing at that moment (NFS: ESTALE, EFAULT; SMB: EIO; sshfs: EPERM). They
+#: pass within milliseconds, so a reader of records other hosts write retries them.
+TRANSIENT = frozenset({errno.ESTALE, errno.EFAULT, errno.EIO, errno.EPERM})
+#: Pauses between the retries of :func:`read_retrying`, seconds (about 0.3 s in all).
+READ_RETRY_PAUSES = (0.01, 0.03, 0.1, 0.2)
+
+
+def read_retrying(path: Path) -> bytes:
+    """The bytes of a file that another host may be replacing right now.
+
+    A transient errno (:data:`TRANSIENT`) is retried after a short pause; the
+    last one is raised. ``FileNotFoundError`` is an answer, never retried: the
+    file is not there (replacement is a rename, so a reader on a trustworthy
+    filesystem never sees a gap).
+    """
+    for pause in (*READ_RETRY_PAUSES, None):
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError as exc:
+            if exc.errno not in TRANSIENT or pause is None:
+                raise
+            time.sleep(pause)
+    raise AssertionError("unreachable")
+
+
+class NotRegular(OSError):
+    """A name in the queue that is not a regular file (a FIFO, a device, a folder, a link)."""
+
+
+def read_regular(path: Path) -> bytes:
+    """The bytes of a regular file, without following a symbolic link and without
+    ever blocking on a FIFO or device: whatever somebody drops into a queue
+    folder, reading it cannot hang a daemon. Raises :class:`NotRegular` for
+    anything else."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegular(errno.EINVAL, "not a regular file", str(path))
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def host_name() -> str:
+    """The short host name, made safe to use inside file names."""
+    raw = os.uname().nodename.split(".")[0] or "host"  # = socket.gethostname(), without its import
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in raw)
+
+
+HOST = host_name()
+
+
+def boot_id() -> str:
+    """The kernel's boot id: it changes on every reboot, so a pid is only
+    meaningful together with it."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+def temp_name(final_name: str) -> str:
+    """A hidden name for a file being written, unique across hosts and processes."""
+    return f".{final_name}.{HOST}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+
+
+_TEMP = re.compile(r"^\.(?P<final>.+)\.(?P<host>[A-Za-z0-9_-]+)\.(?P<pid>\d+)\.[0-9a-f]{8}(?:\.tmp)?$")
+
+
+def writer_gone(name: str) -> bool:
+    """Whether a hidden temp file or staging folder was left by a process of this
+    host that no longer exists (its name says which: ``.<x>.<host>.<pid>.<rand>``).
+    Such leftovers can be removed at once; other hosts' only after a grace period."""
+    m = _TEMP.match(name)
+    if m is None or m.group("host") != HOST:
+        return False
+    try:
+        os.kill(int(m.group("pid")), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def is_visible(name: str) -> bool:
+    """Scanners only look at visible, finished names (Maildir convention)."""
+    return not name.startswith(".") and not name.endswith(".tmp")
+
+
+#: What must be durable before any folder of the tree is fsynced: this process's journal
+#: files with lines not yet fsynced (:mod:`spool.queue.events` adds one when it writes a line
+#: and takes it off once it is durable), so a journal line is never older than the last
+#: fsync of the tree and still lost in a power cut.
+_riders: set[Any] = set()
+
+
+def ride_folder_fsyncs(rider: Any) -> None:
+    """Have ``rider.commit()`` called before the next folder fsync of this process (and by
+    :func:`commit_riders`), until :func:`stop_riding` takes it off."""
+    _riders.add(rider)
+
+
+def stop_riding(rider: Any) -> None:
+    _riders.discard(rider)
+
+
+def commit_riders() -> None:
+    """Make every rider's writes durable now (a command's end, a daemon's heartbeat or stop)."""
+    for rider in list(_riders):
+        rider.commit()
+
+
+#: Where this process's folder fsyncs go instead of a plain fsync: set (by
+#: :mod:`spool.disk.groupcommit`) only by an explicit act, a daemon installing its coalescer
+#: (threads share one fsync of a folder) or a thread beginning a ``together()`` batch
+#: (done when the batch ends, before anything is told). Until then every folder fsync is
+#: plain, and a command that does neither (the lean CLI) pays for nothing else.
+_folder_router: Callable[[Path, Path | None], None] | None = None
+
+
+def route_folder_fsyncs(router: Callable[[Path, Path | None], None] | None) -> None:
+    """Send every later :func:`fsync_dir` of this process to ``router`` (``None``: plain)."""
+    global _folder_router
+    _folder_router = router
+
+
+def fsync_dir(path: Path, after: Path | None = None) -> None:
+    """Make a folder's entries (new names, renames, removals) durable.
+
+    The riders (this process's journals) are made durable first: the journal's
+    group commit rides on the tree's. Then a plain fsync, or the router's
+    (:func:`route_folder_fsyncs`). ``after``: a folder a batch must fsync first
+    (see :func:`spool.disk.groupcommit.sync_folder`)."""
+    if _riders:
+        commit_riders()
+    if _folder_router is not None:
+        _folder_router(path, after)
+        return
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(
+    path: Path,
+    data: bytes,
+    *,
+    mode: int | None = None,
+    durable: bool = True,
+    replace: bool = True,
+    folder_later: bool = False,
+) -> None:
+    """Write ``data`` to ``path`` so that readers see all of it or nothing.
+
+    Order: write a hidden temp file in the same folder, fsync it, then
+    rename it to its final name (``replace=True``) or hard-link it there
+    (``replace=False``: fails with ``FileExistsError`` instead of replacing),
+    then fsync the folder. ``durable=False`` skips the fsyncs for files that
+    are only hints (progress), never for records the invariants depend on.
+    ``mode`` is set exactly (0o444 for what must stay read-only); without it
+    the process umask decides, as ``[permissions] umask`` configures.
+    ``folder_later=True``: the file is fsynced but not its folder, which the
+    caller's next step fsyncs anyway (the name is not relied on before then).
+    """
+    folder = path.parent
+    tmp = folder / temp_name(path.name)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if mode is None else mode)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        if mode is not None:
+            os.chmod(tmp, mode)  # the umask may have narrowed it
+        if replace:
+            os.replace(tmp, path)
+        else:
+            link_no_replace(tmp, path)
+            os.unlink(tmp)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    if durable and not folder_later:
+        fsync_dir(folder)
+
+
+#: What ``os.link`` raises where a second name cannot be made: another filesystem
+#: (EXDEV), a filesystem without hard links or refusing them (EPERM, ENOTSUP,
+#: EOPNOTSUPP; FUSE mounts answer EIO), an inode with too many links (EMLINK). One set
+#: for every link spool makes; each then falls back to a verified copy.
+NO_LINKS = frozenset({errno.EXDEV, errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EIO, errno.EMLINK})
+
+_COPY_CHUNK = 1 << 20
+
+
+def copy_verified(
+    src: Path,
+    dst: Path,
+    digest: str | None = None,
+    *,
+    mode: int | None = None,
+    replace: bool = False,
+    folder_later: bool = False,
+) -> None:
+    """Copy ``src``'s bytes to ``dst`` so that ``dst`` is whole and checked, or absent.
+
+    The bytes go to a hidden temp name beside ``dst``, are fsynced and hashed back from
+    the disk; the sha256 must be ``digest`` (default: ``src``'s, read while copying).
+    Only then does the copy take ``dst``'s name: without replacing (``FileExistsError``),
+    or with ``replace=True`` where equal content is the point (a store object restored).
+    ``mode`` is set on the copy first (0o444 for what must stay read-only). The folder
+    is fsynced, unless ``folder_later`` (the caller fsyncs it before anything names the
+    copy: a publish batch fsyncs its objects' folders at once)."""
+    tmp = dst.parent / temp_name(dst.name)
+    read = hashlib.sha256()
+    try:
+        with open(src, "rb") as fin, open(tmp, "xb") as fout:
+            while chunk := fin.read(_COPY_CHUNK):
+                read.update(chunk)
+                fout.write(chunk)
+            fout.flush()
+            os.fsync(fout.fileno())
+        want = digest or read.hexdigest()
+        with open(tmp, "rb") as f:
+            copied = hashlib.file_digest(f, "sha256").hexdigest()
+        if copied != want:
+            raise OSError(errno.EIO, f"the copy of {src.name} does not match sha256 {want}", str(dst))
+        if mode is not None:
+            os.chmod(tmp, mode)
+        if replace:
+            os.replace(tmp, dst)
+        else:
+            link_no_replace(tmp, dst)
+            os.unlink(tmp)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    if not folder_later:
+        fsync_dir(dst.parent)
+
+
+def link_or_copy(
+    src: Path, dst: Path, digest: str | None = None, *, mode: int | None = None, folder_later: bool = False
+) -> str:
+    """Give ``dst`` the bytes of ``src``: a hard link where the filesystem allows (the same
+    inode, nothing copied), else :func:`copy_verified` (with ``mode``). Never replaces:
+    ``FileExistsError`` if ``dst`` exists. The folder is fsynced (not with ``folder_later``,
+    as :func:`copy_verified`). ``"link"`` or ``"copy"``."""
+    try:
+        os.link(src, dst)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        if exc.errno not in NO_LINKS:
+            raise
+        copy_verified(src, dst, digest, mode=mode, folder_later=folder_later)
+        return "copy"
+    if not folder_later:
+        fsync_dir(dst.parent)
+    return "link"
+
+
+#: renameat2's flag that swaps two names atomically (Linux 3.15; local filesystems, some FUSE).
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+_renameat2: Any = None
+
+
+def replace_existing(src: Path, dst: Path) -> bool:
+    """Put ``src`` in place of ``dst`` only if ``dst`` still exists; ``False`` (``src``
+    left as it was) when it does not.
+
+    ``renameat2(RENAME_EXCHANGE)`` swaps the two names in one step, so a file another
+    process renamed away a moment ago is never brought back to life under its old name
+    (a plain ``os.replace`` would recreate it); the old content, now at ``src``'s name,
+    is removed. Where the filesystem refuses exchanges (NFS, SMB, some FUSE), check then
+    replace: exclusive only between processes that do not race, as
+    :func:`link_no_replace`'s fallback is."""
+    global _renameat2
+    if _renameat2 is None:
+        import ctypes
+
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).renameat2
+            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+            _renameat2 = fn
+        except (OSError, AttributeError):
+            _renameat2 = False
+    if _renameat2:
+        import ctypes
+
+        if _renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_EXCHANGE) == 0:
+            os.unlink(src)  # the old content, under the temp name now
+            return True
+        err = ctypes.get_errno()
+        if err == errno.ENOENT:
+            if not os.path.lexists(src):
+                raise FileNotFoundError(err, os.strerror(err), str(src))
+            return False
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise OSError(err, os.strerror(err), str(dst))
+    if not os.path.lexists(dst):
+        return False
+    os.replace(src, dst)
+    return True
+
+
+def link_no_replace(src: Path, dst: Path) -> None:
+    """Give ``src`` the extra name ``dst``, failing if ``dst`` exists.
+
+    ``os.link`` is exclusive on local disks, sshfs and NFS. Where a filesystem
+    has no hard links, fall back to check-then-rename, which is only
+    exclusive between processes that do not race (documented in docs/research/nas.md).
+    """
+    try:
+        os.link(src, dst)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        if exc.errno not in NO_LINKS:
+            raise
+        if os.path.lexists(dst):
+            raise FileExistsError(errno.EEXIST, "file exists", str(dst)) from exc
+        # Copy the name, not the content: rename a second temp name into place.
+        tmp2 = dst.parent / temp_name(dst.name)
+        with open(src, "rb") as fin, open(tmp2, "xb") as fout:
+            while chunk := fin.read(1 << 20):
+                fout.write(chunk)
+            fout.flush()
+            os.fsync(fout.fileno())
+        os.rename(tmp2, dst)
+
+
+def rename_durable(src: Path, dst: Path) -> None:
+    """One state transition: rename, then fsync the destination and source folders."""
+    os.rename(src, dst)
+    fsync_dir(dst.parent)
+    if src.parent != dst.parent:
+        fsync_dir(src.parent, after=dst.parent)
+
+
+def transfer(src: Path, dst: Path) -> bool:
+    """Move a job file from one state folder to another: the one way spool does it.
+
+    Claim, return to pending, takeover, hold, release, cancel, complete and fail
+    all come here, so the NAS argument lives in one place:
+
+    * ``os.rename`` is the whole transition; of several racing renames of one
+      source exactly one wins on every filesystem spool trusts.
+    * A missing destination folder (a worker's first claim) is created and the
+      rename tried once more.
+    * An error whose errno is in :data:`VANISHED` means "the source is not
+      there": either somebody else moved it (we lost), or the reply to our own
+      rename was lost and the client retransmitted it (docs/research/nas.md section 4). We
+      tell them apart by looking: if the file is at ``dst`` and no longer at
+      ``src``, the rename landed and it is ours.
+    * Any other error (EACCES, EROFS, ENOSPC...) is raised: it is located, not
+      a lost race, and a caller that swallowed it would spin on it silently.
+
+    Returns ``True`` when the file is now at ``dst`` (durable: the destination
+    folder, then the source folder, are fsynced), ``False`` when it was not
+    ours to move.
+    """
+    try:
+        os.rename(src, dst)
+    except FileNotFoundError:
+        if not dst.parent.is_dir() and src.exists():
+            make_dirs(dst.parent)
+            return transfer(src, dst)
+        if not _landed(src, dst):
+            return False
+    except OSError as exc:
+        if exc.errno not in VANISHED:
+            raise
+        if not _landed(src, dst):
+            return False
+    fsync_dir(dst.parent)
+    if src.parent != dst.parent:
+        fsync_dir(src.parent, after=dst.parent)
+    return True
+
+
+def _landed(src: Path, dst: Path) -> bool:
+    """After a failed rename: did it happen anyway (a lost reply on a NAS)?"""
+    return dst.exists() and not src.exists()
+
+
+def make_dirs(path: Path) -> None:
+    """Create ``path`` and its missing parents, fsyncing each parent that changed."""
+    missing: list[Path] = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d)
+        except FileExistsError:
+            continue
+        fsync_dir(d.parent)
+
+
+def visible_names(folder: Path, suffix: str = ".json") -> Iterator[str]:
+    """Names of finished files in ``folder`` (no dotfiles, no temp files).
+
+    A directory scan, never a parse: counting 100,000 jobs costs ~40 ms.
+    A missing folder is an empty one.
+    """
+    try:
+        it = os.scandir(folder)
+    except FileNotFoundError:
+        return
+    with it:
+        for entry in it:
+            name = entry.name
+            if name.endswith(suffix) and is_visible(name):
+                yield name
+
+
+class Listing:
+    """What one listing of a folder found (:func:`list_folder`)."""
+
+    __slots__ = ("count", "entries", "names", "oldest")
+
+    def __init__(self) -> None:
+        self.count = 0
+        #: the visible names (without ``stat``); with ``stat``, ``entries`` instead
+        self.names: list[str] = []
+        #: (ctime, name) of each visible file, with ``stat``
+        self.entries: list[tuple[float, str]] = []
+        #: the oldest ctime, with ``stat``
+        self.oldest: float | None = None
+
+
+def list_folder(
+    folder: Path, *, suffix: str = ".json", skip: str = "", stat: bool = False, taken: str = ""
+) -> Listing:
+    """One listing of ``folder``: its finished files ending in ``suffix`` (and not in
+    ``skip``), counted; with ``stat``, each one's ctime too. Names starting with
+    ``taken`` count as well, dotfiles included (drops a worker has taken but not yet
+    accepted: ``.accepting.<worker>.<name>``). A missing folder is an empty one.
+
+    The count, status and metrics readers all list through here. Without ``stat`` it is
+    one ``os.listdir`` and a comprehension (no DirEntry per job: a third of the cost of
+    scandir over 100,000 jobs); with ``stat`` a scandir, skipping files that moved on
+    while it looked."""
+    out = Listing()
+    if not stat:
+        try:
+            names = os.listdir(folder)
+        except (FileNotFoundError, NotADirectoryError):
+            return out
+        # is_visible, inlined (this runs once per job): a temp name starts with a dot.
+        visible = [n for n in names if n.endswith(suffix) and n[0] != "." and not (skip and n.endswith(skip))]
+        out.names = visible
+        out.count = len(visible) + (sum(1 for n in names if n.startswith(taken)) if taken else 0)
+        return out
+    try:
+        it = os.scandir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return out
+    with it:
+        for e in it:
+            name = e.name
+            if taken and name.startswith(taken):
+                out.count += 1
+                continue
+            if name[0] == "." or not name.endswith(suffix) or (skip and name.endswith(skip)):
+                continue
+            try:
+                ct = e.stat().st_ctime
+            except FileNotFoundError:
+                continue  # moved on while we looked
+            out.count += 1
+            out.entries.append((ct, name))
+            out.oldest = ct if out.oldest is None else min(out.oldest, ct)
+    return out

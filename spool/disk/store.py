@@ -1,0 +1,115 @@
+"""The content-addressed store and manifests (SPEC section 5).
+
+Publish order for one validated candidate in ``attempts/J/<n>/work/``:
+
+1. hash it (sha256, so ``sha256sum`` verifies it from a shell);
+2. make it read-only and fsync it, so the bytes are durable before any final
+   name points at them (a link to unflushed data could survive a power cut as
+   a short file: the Nix "hard-linked before written" bug);
+3. hard-link it to ``store/sha256/<aa>/<hash><ext>`` and fsync that folder.
+   ``EEXIST`` means the same content is already published: a no-op. Where the
+   filesystem has no hard links, :func:`spool.disk.tree.link_or_copy` copies to a
+   hidden temp name in the store folder, fsyncs it, hashes it back from the
+   disk, then gives it the name (never replacing).
+
+The manifest that names the store file is written after this (by
+:mod:`spool.queue.execute`), so a manifest can never point at a missing file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from spool.core.model import Manifest, PublishedFile
+from spool.disk.tree import Tree, copy_verified, link_or_copy, make_dirs
+
+
+def sha256_file(path: Path) -> tuple[str, int]:
+    """(hex sha256, size in bytes) of a file, read once."""
+    with open(path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    return digest, size
+
+
+@dataclass(frozen=True)
+class Stored:
+    digest: str
+    size: int
+    path: Path
+    method: str  # "link", "copy" or "existing"
+
+
+def put(
+    tree: Tree, candidate: Path, ext: str, *, prefer_link: bool = True, folder_later: bool = False
+) -> Stored:
+    """Put a validated file into the store; idempotent for equal content.
+
+    The store half of publishing (:mod:`spool.queue.publish` is the whole path).
+    ``folder_later``: the store folder is not fsynced here; the caller fsyncs it
+    (``stored.path.parent``) before anything names the object (a publish batch
+    fsyncs its objects' folders at once)."""
+    digest, size = sha256_file(candidate)
+    final = tree.store_file(digest, ext)
+    make_dirs(final.parent)
+    if _same_object(final, size):
+        return Stored(digest, size, final, "existing")
+    os.chmod(candidate, 0o444)
+    fd = os.open(candidate, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        if prefer_link:
+            method = link_or_copy(candidate, final, digest, mode=0o444, folder_later=folder_later)
+            return Stored(digest, size, final, method)
+        copy_verified(candidate, final, digest, mode=0o444, folder_later=folder_later)
+    except FileExistsError:  # published meanwhile, by content: the same bytes
+        return Stored(digest, size, final, "existing")
+    return Stored(digest, size, final, "copy")
+
+
+def _same_object(final: Path, size: int) -> bool:
+    try:
+        return final.stat().st_size == size
+    except FileNotFoundError:
+        return False
+
+
+def objects(tree: Tree) -> Iterator[Path]:
+    """Every published object in the store (temp files of publishes in flight skipped)."""
+    base = tree.store / "sha256"
+    for d in sorted(base.iterdir()) if base.is_dir() else []:
+        if d.is_dir():
+            yield from (f for f in sorted(d.iterdir()) if not f.name.startswith("."))
+
+
+def published_file(tree: Tree, stored: Stored, file: str, container: str) -> PublishedFile:
+    method = stored.method if stored.method in ("link", "copy") else "existing"
+    return PublishedFile(
+        file=file,
+        sha256=stored.digest,
+        size=stored.size,
+        container=container,
+        store_path=tree.relative(stored.path),
+        method=method,  # type: ignore[arg-type]
+    )
+
+
+def verify(tree: Tree, manifest: Manifest) -> str | None:
+    """Re-hash the store file a manifest names; ``None`` if it matches, else why not."""
+    path = tree.root / manifest.output.store_path
+    try:
+        digest, size = sha256_file(path)
+    except FileNotFoundError:
+        return f"{manifest.output.store_path} is missing"
+    if digest != manifest.output.sha256:
+        return f"{manifest.output.store_path} has sha256 {digest}, manifest says {manifest.output.sha256}"
+    if size != manifest.output.size:
+        return f"{manifest.output.store_path} has {size} bytes, manifest says {manifest.output.size}"
+    return None

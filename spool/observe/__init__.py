@@ -1,0 +1,2 @@
+"""Looking at a spool without changing it: the overview behind ``spool status`` and
+``spool watch``, Prometheus metrics, the status page, the journal reader."""

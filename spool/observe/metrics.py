@@ -1,0 +1,443 @@
+"""The Prometheus view of a spool, as textfiles for node_exporter's textfile collector.
+
+Each daemon writes its own file, ``<metrics_dir>/spool-<worker>.prom``, so no
+two writers ever share a file (on a NAS, hosts must not). Every series in a
+worker's file carries ``worker="<that worker>"``, so the files that one
+collector merges never hold the same series twice. There are two kinds:
+
+* **what this worker did** since it started: counters and histograms fed with
+  the events it records in the journal (:class:`WorkerCounters`). They start
+  from zero when the daemon restarts, which ``rate()`` and ``increase()``
+  handle;
+* **what this worker sees of the queue** when it writes the file: gauges from
+  directory scans (:func:`queue_families`). Every worker sees the same queue,
+  so aggregate them with ``max without (worker, instance) (spool_jobs)``.
+
+A file is replaced atomically (temp name, rename; no fsync: metrics are
+hints) every ``[observe] metrics_interval`` seconds and when the daemon stops.
+Names follow Prometheus conventions: base units as suffixes (``_seconds``,
+``_bytes``), counters end in ``_total``, one ``# HELP`` and ``# TYPE`` per
+family, no timestamps (the textfile collector forbids them).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import TypeVar, cast
+
+from spool.core.config import Config
+from spool.core.families import Family, Histogram, exposition, parse
+from spool.core.model import Event, PoolUse, WorkerRecord
+from spool.disk.tree import Tree, list_folder, visible_names, write_atomic
+from spool.observe import overview
+from spool.queue.status import read, running_workers
+
+T = TypeVar("T")
+
+#: Upper bounds (seconds) of the render-time histogram's buckets.
+RENDER_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+#: Upper bounds (seconds) of the validation-time histogram's buckets.
+VALIDATE_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+#: File names of metrics files: ``spool-<worker>.prom``.
+PREFIX, SUFFIX = "spool-", ".prom"
+
+
+class WorkerCounters:
+    """What one worker did, fed with every event it records (safe across threads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.transitions: Counter[tuple[str, str]] = Counter()
+        self.validation_failures: Counter[str] = Counter()
+        self.published_bytes = 0
+        self.render = Histogram(RENDER_BUCKETS)
+        self.validate = Histogram(VALIDATE_BUCKETS)
+
+    def observe(self, ev: Event) -> None:
+        with self._lock:
+            self.transitions[(ev.from_ or "", ev.to)] += 1
+            if ev.to == "failed" and ev.stage == "validate" and ev.property:
+                self.validation_failures[ev.property] += 1
+            if ev.to == "complete":
+                self.published_bytes += ev.bytes or 0
+                if ev.render_seconds is not None:
+                    self.render.observe(ev.render_seconds)
+                if ev.validate_seconds is not None:
+                    self.validate.observe(ev.validate_seconds)
+
+    def families(
+        self,
+        worker: str,
+        stats: dict[str, int],
+        slots: int,
+        busy: int,
+        pools: dict[str, PoolUse] | None = None,
+        quarantined: bool = False,
+    ) -> list[Family]:
+        trans = Family(
+            "spool_transitions_total",
+            "counter",
+            "Job transitions this worker recorded, by from and to state.",
+        )
+        claims = Family("spool_claims_total", "counter", "Jobs this worker claimed.")
+        conflicts = Family(
+            "spool_claim_conflicts_total", "counter", "Claims this worker lost to another worker."
+        )
+        vfail = Family(
+            "spool_validation_failures_total",
+            "counter",
+            "Jobs this worker failed at the validation gate, by the first failed check.",
+        )
+        published = Family(
+            "spool_published_bytes_total", "counter", "Bytes of output this worker published to the store."
+        )
+        render = Family(
+            "spool_render_seconds", "histogram", "Wall-clock seconds of this worker's published renders."
+        )
+        validate = Family(
+            "spool_validation_seconds", "histogram", "Seconds the validation gate took on published outputs."
+        )
+        slot_fam = Family("spool_worker_slots", "gauge", "Render slots of this worker (limits.max_active).")
+        busy_fam = Family("spool_worker_busy_slots", "gauge", "Render slots of this worker in use.")
+        with self._lock:
+            for (frm, to), n in sorted(self.transitions.items()):
+                trans.add(n, worker=worker, **{"from": frm, "to": to})
+            for check, n in sorted(self.validation_failures.items()):
+                vfail.add(n, worker=worker, check=check)
+            published.add(self.published_bytes, worker=worker)
+            self.render.fill(render, worker=worker)
+            self.validate.fill(validate, worker=worker)
+        claims.add(stats.get("claims", 0), worker=worker)
+        conflicts.add(stats.get("claim_conflicts", 0), worker=worker)
+        slot_fam.add(slots, worker=worker)
+        busy_fam.add(busy, worker=worker)
+        cap_fam = Family("spool_pool_capacity", "gauge", "Attempts each resource pool of this worker allows.")
+        use_fam = Family("spool_pool_active", "gauge", "Attempts holding each resource pool of this worker.")
+        for name, use in sorted((pools or {}).items()):
+            cap_fam.add(use.capacity, worker=worker, pool=name)
+            use_fam.add(use.active, worker=worker, pool=name)
+        quar = Family(
+            "spool_worker_quarantined", "gauge", "1 while this worker is in host quarantine (claims nothing)."
+        )
+        quar.add(1 if quarantined else 0, worker=worker)
+        fams = [trans, claims, conflicts, vfail, published, render, validate, slot_fam, busy_fam, quar]
+        return fams + ([cap_fam, use_fam] if pools else [])
+
+
+def queue_families(
+    tree: Tree, worker: str, now: float, known_pending: tuple[int, float | None] | None = None
+) -> list[Family]:
+    """Gauges of the whole queue as ``worker`` sees it at ``now`` (file-server time),
+    from one scan of every folder; a daemon keeps a :class:`QueueView` instead,
+    which lists only the folders that changed."""
+    scan = overview.scan_queue(tree, now, keep=0, known_pending=known_pending)
+    beats: list[tuple[str, float]] = []
+    for name in sorted(visible_names(tree.workers)):
+        rec = read(tree.workers / name, WorkerRecord)
+        if rec is None or rec.state == "stopped":
+            continue
+        try:
+            mtime = (tree.workers / name).stat().st_mtime
+        except FileNotFoundError:
+            continue
+        beats.append((rec.worker, now - mtime))
+    rows = [{"job_id": jid, "attempt": overview.latest_attempt(tree, jid)} for jid, _, _ in scan.running]
+    from spool.library.catalog import families as library_families  # the asset library (SPEC 9)
+
+    gw = overview.generation_watch(tree, rows, None)
+    gens, ages = (gw.counts, gw.oldest) if gw is not None else ({}, {})
+    return [
+        *_queue_gauges(worker, now, scan.counts, scan.oldest_age, beats, gens, ages),
+        *library_families(tree, worker),
+    ]
+
+
+def _queue_gauges(
+    worker: str,
+    now: float,
+    counts: dict[str, int],
+    oldest_age: dict[str, float | None],
+    beats: list[tuple[str, float]],
+    generation_states: dict[str, int],
+    generation_ages: dict[str, float] | None = None,
+) -> list[Family]:
+    jobs = Family("spool_jobs", "gauge", "Jobs per state (rejected: submissions), from directory scans.")
+    for state, n in counts.items():
+        jobs.add(n, worker=worker, state=state)
+    oldest = Family(
+        "spool_oldest_job_age_seconds",
+        "gauge",
+        "Seconds since the oldest job entered its state (incoming, pending, running); 0 when there is none.",
+    )
+    for state, age in oldest_age.items():
+        oldest.add(age or 0.0, worker=worker, state=state)
+    fam = Family(
+        "spool_worker_heartbeat_age_seconds",
+        "gauge",
+        "Seconds since each worker (peer) not stopped wrote its heartbeat, by the file server's clock.",
+    )
+    for peer, age in sorted(beats):
+        fam.add(round(max(0.0, age), 3), worker=worker, peer=peer)
+    gens = Family(
+        "spool_generation_attempts",
+        "gauge",
+        "Running generation jobs by the state of their current attempt (submitted ... failed).",
+    )
+    from spool.kinds.generate.states import ORDER  # here: only this gauge needs the generation states
+    from spool.kinds.generate.watch import WAITING
+
+    for state in ORDER:
+        gens.add(generation_states.get(state, 0), worker=worker, state=state)
+    ages = Family(
+        "spool_generation_state_age_seconds",
+        "gauge",
+        "Seconds the longest-waiting running generation has been in each state its provider holds "
+        "(submitted ... stored); 0 when none.",
+    )
+    for state in WAITING:
+        ages.add(round((generation_ages or {}).get(state, 0.0), 1), worker=worker, state=state)
+    written = Family(
+        "spool_metrics_written_timestamp_seconds", "gauge", "When this worker last wrote its metrics file."
+    )
+    written.add(round(now, 3), worker=worker)
+    return [jobs, oldest, fam, gens, ages, written]
+
+
+# -- a daemon's view: list a folder only when it changed ------------------------------------
+
+#: A folder's identity and modification time (``None``: it does not exist).
+Signature = tuple[int, int] | None
+
+
+def signature(folder: Path) -> Signature:
+    """One stat of ``folder``: one round trip on a network mount, where listing a
+    folder is one per page of names and a stat per entry that needs one."""
+    try:
+        st = folder.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return (st.st_ino, st.st_mtime_ns)
+
+
+class Folders:
+    """What was read from folders, read again only when one of them changed.
+
+    A folder's mtime changes when a name is added, removed or renamed in it,
+    which is everything a state folder's count and its entries' ctimes depend
+    on. One caveat, as git's "racy" index has it: a change in the same clock
+    tick as the reading leaves the mtime unchanged (SFTP carries whole seconds),
+    so a reading whose newest folder mtime is within :data:`RACY` seconds of when
+    it was read is not trusted, and the folders are read again next time.
+    Used from one thread."""
+
+    RACY = 2.0
+
+    def __init__(self) -> None:
+        self._seen: dict[object, tuple[tuple[Signature, ...], object, bool, object]] = {}
+        #: readings that ran, per key (the other calls were answered from what was seen)
+        self.reads: Counter[object] = Counter()
+
+    def get(
+        self, key: object, folders: tuple[Path, ...], read: Callable[[], T], now: float, extra: object = None
+    ) -> T:
+        """``read()``, or what it returned last time for ``key`` if every folder
+        (and ``extra``, an in-memory part of the answer) is as it was then."""
+        sigs = tuple(signature(f) for f in folders)
+        seen = self._seen.get(key)
+        if seen is not None and seen[0] == sigs and seen[2] and seen[3] == extra:
+            return cast(T, seen[1])
+        value = read()
+        newest = max((s[1] / 1e9 for s in sigs if s is not None), default=0.0)
+        self._seen[key] = (sigs, value, newest < now - self.RACY, extra)
+        self.reads[key] += 1
+        return value
+
+
+@dataclass
+class Own:
+    """What a daemon knows of itself without asking the file server."""
+
+    worker: str
+    #: jobs in its claim index (with the names still to read) and the oldest submission time
+    pending: tuple[int, float | None]
+    #: seconds since it wrote its heartbeat; ``None`` when it is stopped
+    beat_age: float | None
+
+
+class QueueView:
+    """The queue gauges of :func:`queue_families` for a daemon that writes them every
+    ``metrics_interval``: ``pending/`` comes from its claim index, its own heartbeat
+    from memory, and every other folder is listed only when its mtime changed
+    (a stat each): 100,000 pending jobs on a NAS cost nothing here, and an idle
+    spool costs a dozen stats a tick. The figures equal a full scan's, except that
+    a change is seen one tick late when the mount's attribute cache (sshfs: 1 s at
+    ``--cache low``) still shows the old mtime. Used from one thread."""
+
+    def __init__(self, tree: Tree) -> None:
+        self.tree = tree
+        self.folders = Folders()
+        self._records: dict[str, tuple[Signature, WorkerRecord | None]] = {}
+
+    def families(self, own: Own, now: float) -> list[Family]:
+        t, get = self.tree, self.folders.get
+        incoming = get(
+            "incoming", (t.incoming,), partial(list_folder, t.incoming, stat=True, taken=".accepting."), now
+        )
+        counts = {"incoming": incoming.count, "pending": own.pending[0]}
+        for state, folder, skip in (
+            ("waiting", t.waiting, ""),
+            ("held", t.held, ""),
+            ("complete", t.complete, ""),
+            ("failed", t.failed, ""),
+            ("rejected", t.rejected, ".error.json"),
+            ("quarantine", t.quarantine, ""),
+        ):
+            counts[state] = get(state, (folder,), partial(list_folder, folder, skip=skip), now).count
+        running = self._running(now)
+        counts["running"] = len(running)
+        order: tuple[str, ...] = ("incoming", "waiting", "pending", "held", "running")
+        order += ("complete", "failed", "rejected", "quarantine")
+        oldest_running = min((ct for _, ct in running), default=None)
+
+        def age(at: float | None) -> float | None:
+            return None if at is None else round(max(0.0, now - at), 1)
+
+        oldest_age = {
+            "incoming": age(incoming.oldest),
+            "pending": age(own.pending[1]),
+            "running": age(oldest_running),
+        }
+        gauges = _queue_gauges(
+            own.worker,
+            now,
+            {s: counts[s] for s in order},
+            oldest_age,
+            self._beats(own, now),
+            *self._generation_states(running),
+        )
+        return [*gauges, *self._library(own.worker, now)]
+
+    def _generation_states(self, running: list[tuple[str, float]]) -> tuple[dict[str, int], dict[str, float]]:
+        """Running generations by state, and the oldest age in each: the daemon's own from
+        memory (:func:`spool.kinds.generate.states.known_state`), any other job from its
+        files (a listing of ``attempts/J/`` and a look at ``gen/``)."""
+        from spool.kinds.generate import states as generation  # here: only this gauge needs them
+
+        mine: dict[str, int] = {}
+        ages: dict[str, float] = {}
+        rows = []
+        now = time.time()
+        for jid, _ in running:
+            known = generation.known_state(jid)
+            if known is not None:
+                mine[known[1]] = mine.get(known[1], 0) + 1
+                since = generation.known_since(jid)
+                if since is not None:
+                    ages[known[1]] = max(ages.get(known[1], 0.0), now - since)
+            else:
+                rows.append({"job_id": jid, "attempt": overview.latest_attempt(self.tree, jid)})
+        gw = overview.generation_watch(self.tree, rows, None)
+        states = dict(gw.counts) if gw is not None else {}
+        for state, n in mine.items():
+            states[state] = states.get(state, 0) + n
+        for state, age in gw.oldest.items() if gw is not None else ():
+            ages[state] = max(ages.get(state, 0.0), age)
+        return states, ages
+
+    def _running(self, now: float) -> list[tuple[str, float]]:
+        """(job ID, ctime) of every job in ``running/<worker>/``."""
+        run = self.tree.running
+        workers = self.folders.get("running", (run,), partial(running_workers, self.tree), now)
+        out: list[tuple[str, float]] = []
+        for w in workers:
+            folder = run / w
+            listed = self.folders.get(("running", w), (folder,), partial(list_folder, folder, stat=True), now)
+            out += [(name[:-5], ct) for ct, name in listed.entries]
+        return out
+
+    def _beats(self, own: Own, now: float) -> list[tuple[str, float]]:
+        """(worker, heartbeat age) of every worker not stopped: this one's from memory,
+        a peer's record read again only when its file changed."""
+        folder = self.tree.workers
+        beats = [] if own.beat_age is None else [(own.worker, own.beat_age)]
+        mine = f"{own.worker}.json"
+        names = sorted(visible_names(folder))
+        records: dict[str, tuple[Signature, WorkerRecord | None]] = {}
+        for name in names:
+            if name == mine:
+                continue
+            try:
+                st = (folder / name).stat()
+            except FileNotFoundError:
+                continue
+            sig: Signature = (st.st_ino, st.st_mtime_ns)
+            seen = self._records.get(name)
+            rec = seen[1] if seen is not None and seen[0] == sig else read(folder / name, WorkerRecord)
+            records[name] = (sig, rec)
+            if rec is not None and rec.state != "stopped":
+                beats.append((rec.worker, now - st.st_mtime))
+        self._records = records
+        return beats
+
+    def _library(self, worker: str, now: float) -> list[Family]:
+        """The asset library's gauges, made again only when its folders or this
+        worker's recent index delays changed."""
+        from spool.library import enrich, index
+        from spool.library.catalog import families as library_families  # the asset library (SPEC 9)
+
+        return self.folders.get(
+            "library",
+            (*index.watched(self.tree), enrich.folder(self.tree)),
+            partial(library_families, self.tree, worker),
+            now,
+            extra=tuple(index.RECENT_DELAYS),
+        )
+
+
+# -- files --------------------------------------------------------------------------------------
+
+
+def folder(tree: Tree, cfg: Config) -> Path | None:
+    """Where metrics files go (``[observe] metrics_dir``), or ``None`` when off."""
+    d = cfg.observe.metrics_dir
+    if not d:
+        return None
+    p = Path(d)
+    return p if p.is_absolute() else tree.root / p
+
+
+def file_for(folder: Path, worker: str) -> Path:
+    return folder / f"{PREFIX}{worker}{SUFFIX}"
+
+
+def write(path: Path, families: Iterable[Family]) -> None:
+    write_atomic(path, exposition(families).encode(), durable=False)
+
+
+def merged(folder: Path) -> list[Family]:
+    """Every worker's file in ``folder`` as one exposition: each family once, every series once."""
+    out: dict[str, Family] = {}
+    seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+    try:
+        names = sorted(n for n in visible_names(folder, SUFFIX) if n.startswith(PREFIX))
+    except NotADirectoryError:
+        names = []
+    for name in names:
+        try:
+            text = (folder / name).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        for fam in parse(text):
+            into = out.setdefault(fam.name, Family(fam.name, fam.type, fam.help))
+            for s in fam.samples:
+                key = (s.name, tuple(sorted(s.labels.items())))
+                if key not in seen:
+                    seen.add(key)
+                    into.samples.append(s)
+    return list(out.values())

@@ -1,0 +1,168 @@
+"""Attempt folders: one per claim, ``attempts/<job_id>/<n>/``, owned by one worker.
+
+An attempt folder is born whole: it is assembled under a hidden name
+(``attempt.json`` written, ``work/`` created) and renamed to its number, so
+every visible attempt has its record. The rename also makes the number
+exclusive: renaming onto an existing non-empty ``<n>`` fails. Then
+``attempts/<job_id>/`` is fsynced: the number, once seen, is never given again
+(and the job's frozen copy there is durable).
+
+Inside: ``attempt.json`` (who and when), ``work/`` (the only place a partial
+output may exist), ``ffmpeg.log``, ``progress.json``, and at the end the staged
+result (format 1: ``result.json``; format 2: ``attempt.json`` written again with
+it) or ``failure.json``, or ``interrupted.json`` when a stop or a crash cut it
+short. No worker writes into another's attempt, and recovery never deletes or
+rewrites one.
+
+Durability (:mod:`spool.disk.formats`): format 1 fsyncs ``attempt.json`` and the
+staging folder before the rename. Format 2 does not for an attempt opened
+``durable=False`` (a slot kind's, opened by the daemon's claim batch): nothing
+relies on its record until it ends, and its ending is durable elsewhere (the
+manifest names the publishing attempt with its identity; ``failure.json`` and
+``interrupted.json`` are fsynced before the job moves). A power cut may leave
+such a record empty; readers say unknown and ``spool fsck`` writes it again from
+what the tree proves (:mod:`spool.repair.lostwrites`).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+
+from spool.core.model import AttemptRecord, Failure, Manifest, Record, encode, now
+from spool.disk.records import read
+from spool.disk.tree import HOST, Tree, boot_id, fsync_dir, make_dirs, write_atomic
+
+
+@dataclass(frozen=True)
+class Attempt:
+    tree: Tree
+    job_id: str
+    n: int
+
+    @property
+    def dir(self) -> Path:
+        return self.tree.attempt_dir(self.job_id, self.n)
+
+    @property
+    def work(self) -> Path:
+        return self.dir / "work"
+
+    @property
+    def tool_log(self) -> Path:
+        """The log of the tool that makes the candidate (FFmpeg for a render)."""
+        return self.dir / "ffmpeg.log"
+
+    @property
+    def progress(self) -> Path:
+        return self.dir / "progress.json"
+
+    def record(self, name: str, rec: Record, *, durable: bool = True) -> Path:
+        """Write one of this attempt's record files atomically."""
+        path = self.dir / name
+        write_atomic(path, encode(rec), durable=durable)
+        return path
+
+
+def open_attempt(
+    tree: Tree, job_id: str, worker: str, reason: str = "claim", *, durable: bool = True
+) -> Attempt:
+    """Create the next attempt folder for a job this worker owns. ``durable=False``:
+    the record and the staging folder are not fsynced (format 2's slot attempts; see
+    the module docstring); ``attempts/<job_id>/`` always is (inside a group-commit
+    batch, at its end)."""
+    parent = tree.job_attempts(job_id)
+    make_dirs(parent)
+    staging = parent / f".new.{HOST}.{os.getpid()}.{secrets.token_hex(4)}"
+    os.mkdir(staging)
+    os.mkdir(staging / "work")
+    n = (max(tree.attempt_numbers(job_id), default=0)) + 1
+    rec = AttemptRecord(
+        job_id=job_id,
+        n=n,
+        worker=worker,
+        host=HOST,
+        pid=os.getpid(),
+        boot_id=boot_id(),
+        claimed_at=now(),
+        reason=reason,
+    )
+    while True:
+        write_atomic(staging / "attempt.json", encode(rec), durable=durable)
+        try:
+            os.rename(staging, parent / str(n))
+            break
+        except OSError as exc:
+            # Renaming a folder onto a non-empty one fails with ENOTEMPTY (or EEXIST):
+            # <n> was taken (only after a crash mid-numbering), so take the next
+            # number. Anything else (EACCES, EROFS, ENOSPC) is a located error:
+            # retrying it would loop forever with n rising.
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                _remove_staging(staging)
+                raise
+            n += 1
+            rec = msgspec.structs.replace(rec, n=n)
+    fsync_dir(parent)
+    return Attempt(tree, job_id, n)
+
+
+def _remove_staging(staging: Path) -> None:
+    for p in (staging / "attempt.json", staging / "work"):
+        try:
+            p.rmdir() if p.is_dir() else p.unlink()
+        except OSError:
+            pass
+    try:
+        staging.rmdir()
+    except OSError:
+        pass
+
+
+def drop_partial(path: Path) -> None:
+    """On a full disk, free what an attempt wrote: a partial output is of no use
+    to anyone, and the failure record still has to fit."""
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
+def write_failure(attempt: Attempt, failure: Failure) -> Path:
+    return attempt.record("failure.json", failure)
+
+
+def write_result(attempt: Attempt, manifest: Manifest) -> Path:
+    """Format 1's staged manifest. Not fsynced: the durable ``manifests/J.json`` follows
+    at once, and if a crash loses this file, recovery validates the candidate instead."""
+    return attempt.record("result.json", manifest, durable=False)
+
+
+def stage_result(attempt: Attempt, rec: AttemptRecord | None, manifest: Manifest) -> Path:
+    """Format 2: ``attempt.json`` written again, with the staged manifest (not fsynced,
+    as :func:`write_result`). ``rec`` is the record as written at claim (``None`` when a
+    crash left it unreadable: the manifest's copy of the identity stands in)."""
+    base = rec or AttemptRecord(
+        job_id=manifest.job_id,
+        n=manifest.attempt,
+        worker=manifest.worker,
+        host=manifest.host,
+        pid=manifest.pid,
+        boot_id=manifest.boot_id,
+        claimed_at=manifest.claimed_at,
+    )
+    return attempt.record("attempt.json", msgspec.structs.replace(base, result=manifest), durable=False)
+
+
+def staged_result(attempt_dir: Path) -> Manifest | None:
+    """The result an attempt staged, in either format (``attempt.json``'s, else
+    ``result.json``), or ``None``."""
+    rec = read(attempt_dir / "attempt.json", AttemptRecord)
+    if rec is not None and rec.result is not None:
+        return rec.result
+    m: Manifest | None = read(attempt_dir / "result.json", Manifest)
+    return m

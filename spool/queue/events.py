@@ -1,0 +1,194 @@
+"""The transition journal: one JSON line per transition in ``events/<writer>.jsonl``.
+
+Each writer (a daemon's worker identity, or ``<host>-cli`` for commands run on
+a host) has a file of its own, so writers on different hosts never append to
+one file (``O_APPEND`` is not atomic across NFS clients). Processes on one
+host that share the cli file serialise with a local ``flock``, which is
+reliable there. The journal is a record for humans and scripts, not the source of
+truth: the tree is.
+
+Durability (SPEC 11, invariant 9): a line is written after the transition it
+tells of is durable, and not fsynced on its own. It becomes durable with the
+next group commit of this process: every folder fsync of the tree first fsyncs
+the journals with lines not yet durable (:func:`spool.disk.tree.ride_folder_fsyncs`;
+threads that ask at once share one fsync), and so do a daemon's heartbeat, its
+stop and the end of a command. So a power cut loses at most the lines written
+since the last fsync of the tree, never an older one; ``spool fsck`` rebuilds
+from the tree the lines a cut took (:mod:`spool.repair.fsck`). A torn last line (a cut
+in the middle of a write) is ended with a newline before this process appends,
+so it never swallows the next line.
+
+Line format (documented in docs/operations.md, "The events journal")::
+
+    {"ts":"2026-11-29T20:13:03.123Z","job":"mug@1","from":"pending","to":"running",
+     "attempt":1,"worker":"host-a","reason":"claimed"}
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from spool.core.model import Event, decode, encode_line, now
+from spool.core.secrets import redact
+from spool.disk.tree import HOST, Tree, ride_folder_fsyncs, stop_riding
+
+log = logging.getLogger("spool.queue.events")
+
+
+def cli_writer() -> str:
+    return f"{HOST}-cli"
+
+
+class _File:
+    """One journal file as this process writes it: lines written, lines made durable.
+
+    Shared by every :class:`Journal` of the same file in the process, so their
+    commits share too; held strongly, so lines written by a journal object that
+    is gone are still made durable by the next group commit."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lock = threading.Lock()  # one writer at a time, in file order
+        self.sync_lock = threading.Lock()  # one fsync at a time; the next covers all who waited
+        self.written = 0
+        self.synced = 0
+        self.checked_tail = False
+        self.fsyncs = 0
+
+    def append(self, line: bytes) -> None:
+        """Write one line (called with ``lock`` held); it rides on the next group commit."""
+        rw = os.O_WRONLY if self.checked_tail else os.O_RDWR  # the first write reads the tail
+        fd = os.open(self.path, rw | os.O_APPEND | os.O_CREAT, 0o666)  # umask decides
+        try:
+            # flock, not portalocker: it is a one-liner here, and importing
+            # portalocker costs a CLI call ~100 ms when redis is installed.
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if not self.checked_tail:
+                _end_torn_tail(fd)
+                self.checked_tail = True
+            os.write(fd, line)
+            self.written += 1
+            ride_folder_fsyncs(self)
+        finally:
+            os.close(fd)  # closing drops the lock
+
+    def commit(self) -> None:
+        """Make every line written so far durable: one fsync, unless none is needed.
+
+        Threads that ask while an fsync runs wait for it, and the first of them
+        then fsyncs once for all (an fsync covers every line written before it
+        began), so concurrent commits share."""
+        if self.synced >= self.written:
+            return
+        with self.sync_lock:
+            want = self.written  # every line counted here was written before the fsync below
+            if self.synced < want:
+                try:
+                    fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+                except FileNotFoundError:
+                    fd = -1  # removed (a test's tidy-up): nothing left to make durable
+                if fd >= 0:
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                    self.fsyncs += 1
+                self.synced = max(self.synced, want)
+        with self.lock:  # a line written meanwhile rides again (append adds it under this lock)
+            if self.synced >= self.written:
+                stop_riding(self)
+
+
+_files: dict[Path, _File] = {}
+_files_lock = threading.Lock()
+
+
+def _file(path: Path) -> _File:
+    with _files_lock:
+        f = _files.get(path)
+        if f is None:
+            f = _files[path] = _File(path)
+        return f
+
+
+class Journal:
+    """Appends events for one writer; safe to share between threads."""
+
+    def __init__(self, tree: Tree, writer: str) -> None:
+        self.path = tree.events / f"{writer}.jsonl"
+        self.writer = writer
+        self._file = _file(self.path)
+        #: Called with every event after it is written (metrics, notifications).
+        self.listeners: list[Callable[[Event], None]] = []
+
+    @property
+    def fsyncs(self) -> int:
+        """fsyncs of the journal file this process issued (the cost, for benchmarks and tests)."""
+        return self._file.fsyncs
+
+    def record(
+        self,
+        job: str,
+        to: str,
+        *,
+        from_: str | None = None,
+        attempt: int | None = None,
+        worker: str | None = None,
+        reason: str | None = None,
+        **facts: Any,
+    ) -> Event:
+        """Append one transition; ``facts`` are Event's optional structured fields."""
+        with self._file.lock:  # timestamps in file order, so readers can merge files
+            ev = Event(
+                ts=now(),
+                job=job,
+                to=to,
+                from_=from_,
+                attempt=attempt,
+                worker=worker or self.writer,
+                reason=redact(reason) if reason else reason,
+                **facts,
+            )
+            self._file.append(encode_line(ev))
+        for listen in self.listeners:
+            try:
+                listen(ev)
+            except Exception:  # an observer must never break a transition
+                log.exception("event listener failed")
+        return ev
+
+    def commit(self) -> None:
+        """Make every line of this journal's file written so far durable (see :class:`_File`)."""
+        self._file.commit()
+
+
+def _end_torn_tail(fd: int) -> None:
+    """If the file ends inside a line (a cut in the middle of a write), end that
+    line, so the fragment stays one skipped line and the next line is whole."""
+    size = os.fstat(fd).st_size
+    if size and os.pread(fd, 1, size - 1) != b"\n":
+        os.write(fd, b"\n")
+
+
+def read_file(path: Path) -> Iterator[Event]:
+    """Events of one journal file; a torn or foreign line is skipped, not fatal."""
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - closed by the with below
+    except FileNotFoundError:
+        return
+    with f:
+        for line in f:
+            if not line.endswith(b"\n"):
+                break  # a line still being written
+            try:
+                yield decode(line, Event)
+            except msgspec.DecodeError:
+                continue

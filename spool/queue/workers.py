@@ -1,0 +1,142 @@
+"""Worker identity and heartbeats: ``workers/<worker>.json``.
+
+A worker is one daemon process, named ``<host>-<name>``. Exactly one live
+process may hold an identity: it takes an exclusive lock on
+``workers/.<worker>.lock``. Locks are trustworthy between processes of one
+host (docs/research/nas.md: even on sshfs and NFS mounts they block a second local process),
+and the host is part of the name, so no other host ever contends for it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import IO
+
+from spool.core.errors import SpoolError
+from spool.core.model import PoolUse, WorkerRecord, encode, now
+from spool.disk.tree import HOST, Tree, boot_id, write_atomic
+from spool.queue import liveness
+from spool.queue.status import read
+
+
+def worker_id(name: str) -> str:
+    """The identity of the worker ``name`` on this host."""
+    return name if name.startswith(f"{HOST}-") else f"{HOST}-{name}"
+
+
+class IdentityTaken(SpoolError):
+    pass
+
+
+@dataclass
+class Identity:
+    """Holds the identity lock for as long as the daemon lives."""
+
+    tree: Tree
+    worker: str
+    _file: IO[bytes] | None = field(default=None, repr=False)
+
+    def acquire(self) -> None:
+        import portalocker  # only daemons need it; keeps the CLI's start fast
+
+        path = self.tree.worker_lock(self.worker)
+        f = open(path, "a+b")  # noqa: SIM115 - held open for the daemon's life
+        try:
+            portalocker.lock(f, portalocker.LOCK_EX | portalocker.LOCK_NB)
+        except portalocker.LockException:
+            f.close()
+            raise IdentityTaken(
+                f"worker {self.worker} is already running on this host (lock {path} is held)"
+            ) from None
+        # A lock taken through another mount of this spool on this host is invisible
+        # here (FUSE keeps locks per mount); the previous holder's record and its open
+        # lock file are not.
+        rec = read(self.tree.worker_file(self.worker), WorkerRecord)
+        if (
+            rec is not None
+            and rec.host == HOST
+            and rec.pid != os.getpid()
+            and rec.state != "stopped"
+            and liveness.pid_alive(rec.pid)
+            and liveness.has_lock_open(rec.pid, self.worker)
+        ):
+            portalocker.unlock(f)
+            f.close()
+            raise IdentityTaken(
+                f"worker {self.worker} is already running on this host as process {rec.pid} "
+                "(through another mount of this spool)"
+            )
+        self._file = f
+
+    def release(self) -> None:
+        import portalocker
+
+        if self._file is not None:
+            portalocker.unlock(self._file)
+            self._file.close()
+            self._file = None
+
+
+class Heartbeat:
+    """Writes ``workers/<worker>.json``; ``beat()`` refreshes it."""
+
+    def __init__(self, tree: Tree, worker: str, max_active: int, temp_disk_limit: int) -> None:
+        self.tree = tree
+        self.rec = WorkerRecord(
+            worker=worker,
+            host=HOST,
+            pid=os.getpid(),
+            boot_id=boot_id(),
+            started_at=now(),
+            heartbeat_at=now(),
+            beats=0,
+            max_active=max_active,
+            temp_disk_limit=temp_disk_limit,
+            version=_version(),
+        )
+        #: The state of the last beat written durably (``None``: none yet by this process).
+        self._durable_state: str | None = None
+
+    def beat(
+        self,
+        *,
+        active: list[str] | None = None,
+        state: str | None = None,
+        temp_disk_reserved: int | None = None,
+        oldest_pending_submitted: float | None = None,
+        pools: dict[str, PoolUse] | None = None,
+        quarantined: str | None = None,
+    ) -> WorkerRecord:
+        r = self.rec
+        r.beats += 1
+        r.heartbeat_at = now()
+        if active is not None:
+            r.active = sorted(active)
+        if state is not None:
+            r.state = state  # type: ignore[assignment]
+        if temp_disk_reserved is not None:
+            r.temp_disk_reserved = temp_disk_reserved
+        r.oldest_pending_submitted = oldest_pending_submitted
+        if pools is not None:
+            r.pools = pools
+        r.quarantined = quarantined
+        # Only a beat that changes who or what the worker is (its first, a new state) is
+        # fsynced: a lost periodic beat only makes the worker look older. Liveness never
+        # trusts a beat's age alone: same host, pid and boot id decide (and a reboot, the
+        # only crash that loses unsynced writes, changes the boot id); across hosts, a
+        # beat that stops advancing only makes a worker suspect.
+        durable = r.state != self._durable_state
+        write_atomic(self.tree.worker_file(r.worker), encode(r), durable=durable)
+        if durable:
+            self._durable_state = r.state
+        return r
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("spool")
+    except Exception:
+        return "unknown"
