@@ -22,7 +22,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from spool.kinds.render import selfcheck
+from spool import kinds
 from spool.queue import blocklist, health, liveness
 from spool.repair import recover
 from spoold.hooks import Hook
@@ -81,17 +81,23 @@ class HostQuarantine(Hook):
             return
         if not daemon.cfg.health.self_check:
             return
-        result = selfcheck.run(daemon.cfg)
-        if result.ok:
+        for kind in kinds.KINDS.values():  # each kind checks what it needs of this host
+            result = kind.self_check(daemon.cfg)
+            if result is None:
+                continue
+            if not result.ok:
+                reason = f"self-check failed at step {result.step!r}: {result.detail}"
+                health.quarantine(daemon.tree, daemon.worker, reason, [f"{result.step}: {result.detail}"])
+                daemon.quarantined = reason
+                log.error(
+                    "%s; this worker claims nothing until spool worker release %s", reason, daemon.worker
+                )
+                return
             log.info(
-                "self-check passed%s",
+                "%s self-check passed%s",
+                kind.name,
                 " (unchanged since last time)" if result.cached else f" in {result.seconds:.1f} s",
             )
-            return
-        reason = f"self-check failed at step {result.step!r}: {result.detail}"
-        health.quarantine(daemon.tree, daemon.worker, reason, [f"{result.step}: {result.detail}"])
-        daemon.quarantined = reason
-        log.error("%s; this worker claims nothing until spool worker release %s", reason, daemon.worker)
 
     def tick(self, daemon: Daemon) -> None:
         now = time.monotonic()

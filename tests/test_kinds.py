@@ -47,6 +47,35 @@ def test_nothing_outside_the_kinds_branches_on_a_kind():
     assert offenders == []
 
 
+#: The arrows into a kind from outside, each for a reason: ``spool.toml``'s provider tables
+#: are the generate kind's own settings, parsed where the rest of the file is; ``spool
+#: library adopt`` is the command that makes adopt jobs (as a submitter writes a recipe).
+OWN_SETTINGS = {
+    ("spool.core.config", "spool.kinds.generate.providers.config"),
+    ("spool.library.adopt", "spool.kinds.adopt"),
+}
+
+
+def test_no_module_outside_a_kind_imports_it():
+    """The kind seam holds at the import level: the overview, metrics and fsck ask
+    :mod:`spool.kinds.views`, the daemon asks each kind's ``self_check``; only the registry
+    (and a kind itself) imports a kind's modules."""
+    import imports  # tools/imports.py (tools/ is on sys.path: conftest)
+
+    kinds_dir = ROOT / "spool" / "kinds"
+    names = {p.stem for p in kinds_dir.iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()}
+    own = names - {"__init__", "base", "registry", "views", "pools", "__pycache__"}
+    offenders = []
+    for a, b, _inside in imports.arrows(imports.modules()):
+        for k in own:
+            mine = f"spool.kinds.{k}"
+            into = b == mine or b.startswith(mine + ".")
+            inside = a == mine or a.startswith(mine + ".") or a == "spool.kinds.registry"
+            if into and not inside and (a, b) not in OWN_SETTINGS:
+                offenders.append(f"{a} -> {b}")
+    assert offenders == []
+
+
 def test_the_daemon_dispatches_on_the_kind_and_its_driver_names_no_kind():
     driver = (ROOT / "spoold" / "driver.py").read_text()
     daemon = (ROOT / "spoold" / "daemon.py").read_text()

@@ -369,9 +369,9 @@ def test_the_pending_age_is_the_one_the_heartbeat_carries(tree, monkeypatch):
 def test_a_daemon_counts_its_own_generations_from_memory_and_others_from_files(tree, monkeypatch):
     """At 10,000 generations in flight a file check each per write cost 0.3 s of CPU
     locally and seconds on a NAS: this daemon's own come from what it last moved."""
+    from spool.disk.tree import Tree
     from spool.kinds.generate import states as generation
     from spool.kinds.generate.states import Intent, begin, input_hash, transition
-    from spool.observe import overview
 
     def start(jid: str, worker: str, to: str) -> None:
         make = tree.running_dir(worker)
@@ -393,8 +393,8 @@ def test_a_daemon_counts_its_own_generations_from_memory_and_others_from_files(t
     start("theirs@1", "other", "retrieving")
     generation._known.pop("theirs@1")  # moved by another process: this one never saw it
     looked: list[str] = []
-    real = overview.latest_attempt
-    monkeypatch.setattr(overview, "latest_attempt", lambda t, j: looked.append(j) or real(t, j))
+    real = Tree.attempt_numbers
+    monkeypatch.setattr(Tree, "attempt_numbers", lambda t, j: looked.append(j) or real(t, j))
     view = metrics.QueueView(tree)
     series = strict_parse(
         families.exposition(view.families(metrics.Own("probe", (0, None), 0.0), time.time()))

@@ -69,6 +69,17 @@ RENDER_POOL = pools.RENDER
 
 
 @dataclass(frozen=True)
+class SelfCheck:
+    """How a kind's start self-check went on this host (:meth:`Kind.self_check`)."""
+
+    ok: bool
+    step: str  # the first step that failed ("" when ok)
+    detail: str  # why, in the tool's own last words
+    seconds: float
+    cached: bool = False  # a recent pass for the same tools was trusted
+
+
+@dataclass(frozen=True)
 class Produced:
     """A candidate output made by an attempt, and how long making it took."""
 
@@ -252,6 +263,12 @@ class Kind(abc.ABC, Generic[J]):
     def metric_families(self, worker: str) -> list[Family]:
         """The kind's own counters for the daemon's metrics file (none by default)."""
         return []
+
+    def self_check(self, cfg: Config) -> SelfCheck | None:
+        """Before a daemon claims anything: can this host do the kind's work at all (a tiny
+        piece of it, run for real)? A failure quarantines the host (spool.queue.health);
+        ``None``: the kind has nothing to check."""
+        return None
 
     def close(self) -> None:
         """Release what the kind holds open (connections) when the daemon stops."""

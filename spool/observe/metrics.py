@@ -23,7 +23,6 @@ family, no timestamps (the textfile collector forbids them).
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from spool.core.config import Config
 from spool.core.families import Family, Histogram, exposition, parse
 from spool.core.model import Event, PoolUse, WorkerRecord
 from spool.disk.tree import Tree, list_folder, visible_names, write_atomic
+from spool.kinds import views
 from spool.observe import overview
 from spool.queue.status import read, running_workers
 
@@ -147,13 +147,11 @@ def queue_families(
         except FileNotFoundError:
             continue
         beats.append((rec.worker, now - mtime))
-    rows = [{"job_id": jid, "attempt": overview.latest_attempt(tree, jid)} for jid, _, _ in scan.running]
     from spool.library.catalog import families as library_families  # the asset library (SPEC 9)
 
-    gw = overview.generation_watch(tree, rows, None)
-    gens, ages = (gw.counts, gw.oldest) if gw is not None else ({}, {})
     return [
-        *_queue_gauges(worker, now, scan.counts, scan.oldest_age, beats, gens, ages),
+        *_queue_gauges(worker, now, scan.counts, scan.oldest_age, beats),
+        *views.families(worker, tree, [jid for jid, _, _ in scan.running]),
         *library_families(tree, worker),
     ]
 
@@ -164,8 +162,6 @@ def _queue_gauges(
     counts: dict[str, int],
     oldest_age: dict[str, float | None],
     beats: list[tuple[str, float]],
-    generation_states: dict[str, int],
-    generation_ages: dict[str, float] | None = None,
 ) -> list[Family]:
     jobs = Family("spool_jobs", "gauge", "Jobs per state (rejected: submissions), from directory scans.")
     for state, n in counts.items():
@@ -184,29 +180,11 @@ def _queue_gauges(
     )
     for peer, age in sorted(beats):
         fam.add(round(max(0.0, age), 3), worker=worker, peer=peer)
-    gens = Family(
-        "spool_generation_attempts",
-        "gauge",
-        "Running generation jobs by the state of their current attempt (submitted ... failed).",
-    )
-    from spool.kinds.generate.states import ORDER  # here: only this gauge needs the generation states
-    from spool.kinds.generate.watch import WAITING
-
-    for state in ORDER:
-        gens.add(generation_states.get(state, 0), worker=worker, state=state)
-    ages = Family(
-        "spool_generation_state_age_seconds",
-        "gauge",
-        "Seconds the longest-waiting running generation has been in each state its provider holds "
-        "(submitted ... stored); 0 when none.",
-    )
-    for state in WAITING:
-        ages.add(round((generation_ages or {}).get(state, 0.0), 1), worker=worker, state=state)
     written = Family(
         "spool_metrics_written_timestamp_seconds", "gauge", "When this worker last wrote its metrics file."
     )
     written.add(round(now, 3), worker=worker)
-    return [jobs, oldest, fam, gens, ages, written]
+    return [jobs, oldest, fam, written]
 
 
 # -- a daemon's view: list a folder only when it changed ------------------------------------
@@ -319,36 +297,9 @@ class QueueView:
             {s: counts[s] for s in order},
             oldest_age,
             self._beats(own, now),
-            *self._generation_states(running),
         )
-        return [*gauges, *self._library(own.worker, now)]
-
-    def _generation_states(self, running: list[tuple[str, float]]) -> tuple[dict[str, int], dict[str, float]]:
-        """Running generations by state, and the oldest age in each: the daemon's own from
-        memory (:func:`spool.kinds.generate.states.known_state`), any other job from its
-        files (a listing of ``attempts/J/`` and a look at ``gen/``)."""
-        from spool.kinds.generate import states as generation  # here: only this gauge needs them
-
-        mine: dict[str, int] = {}
-        ages: dict[str, float] = {}
-        rows = []
-        now = time.time()
-        for jid, _ in running:
-            known = generation.known_state(jid)
-            if known is not None:
-                mine[known[1]] = mine.get(known[1], 0) + 1
-                since = generation.known_since(jid)
-                if since is not None:
-                    ages[known[1]] = max(ages.get(known[1], 0.0), now - since)
-            else:
-                rows.append({"job_id": jid, "attempt": overview.latest_attempt(self.tree, jid)})
-        gw = overview.generation_watch(self.tree, rows, None)
-        states = dict(gw.counts) if gw is not None else {}
-        for state, n in mine.items():
-            states[state] = states.get(state, 0) + n
-        for state, age in gw.oldest.items() if gw is not None else ():
-            ages[state] = max(ages.get(state, 0.0), age)
-        return states, ages
+        kinds = views.families(own.worker, self.tree, [jid for jid, _ in running])
+        return [*gauges, *kinds, *self._library(own.worker, now)]
 
     def _running(self, now: float) -> list[tuple[str, float]]:
         """(job ID, ctime) of every job in ``running/<worker>/``."""

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spool.disk.tree import HOST, Tree, is_visible, list_folder, server_now, visible_names
+from spool.kinds import views
 from spool.queue.status import attempt_numbers, last_failure, read, running_workers, show
 
 if TYPE_CHECKING:
@@ -321,43 +322,6 @@ def running_rows(tree: Tree, scan: QueueScan) -> list[dict[str, Any]]:
             }
         )
     return rows
-
-
-def generation_watch(tree: Tree, running: list[dict[str, Any]], cfg: Config | None) -> Any:
-    """The running generations by state, the oldest age in each state, and the stale ones
-    (:mod:`spool.kinds.generate.watch`); ``None`` when no running job has begun an attempt."""
-    if not any(row["attempt"] is not None for row in running):
-        return None
-    from spool.kinds.generate import watch  # here: only the generation block needs it
-
-    ceilings = {n: c.polling.ceiling for n, c in cfg.provider_configs.items()} if cfg is not None else {}
-    return watch.watch(tree, running, ceilings)
-
-
-def generation_states(tree: Tree, running: list[dict[str, Any]]) -> dict[str, int]:
-    """Attempts per generation state (``submitted`` ... ``failed``) across the running jobs."""
-    w = generation_watch(tree, running, None)
-    return w.counts if w is not None else {}
-
-
-def stale_attention(stale: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A generation the provider has said nothing about for several polling ceilings."""
-    items = []
-    for s in stale:
-        last = f"; last status {s['last_status']}" if s["last_status"] else ""
-        errs = f"; {s['errors']} failed request(s) in a row" if s["errors"] else ""
-        job = f" (provider job {s['provider_job_id']})" if s["provider_job_id"] else ""
-        items.append(
-            {
-                "kind": "generation",
-                "subject": s["job_id"],
-                "problem": f"no answer from provider {s['provider']!r} for {s['silent']:.0f} s{job}: "
-                f"attempt {s['attempt']} {s['state']} for {s['state_age']:.0f} s{last}{errs}",
-                "next_action": "Check the provider's status page; the attempt ends at its deadline by itself "
-                f"(spool cancel {s['job_id']} ends it now and cancels it at the provider).",
-            }
-        )
-    return items
 
 
 def failed_rows(tree: Tree, scan: QueueScan) -> list[dict[str, Any]]:
@@ -713,11 +677,11 @@ def overview(
     rejected = rejected_rows(tree, scan)
     workers = worker_rows(tree, cfg, now, running)
     disk = disk_state(tree)
-    gw = generation_watch(tree, running, None if callable(cfg) else cfg)
-    gens = gw.counts if gw is not None else {}
+    kinds = views.status(tree, running, None if callable(cfg) else cfg)
     for row in running:  # what a job with no render progress is doing (a generation's state)
-        if gw is not None and row["job_id"] in gw.jobs:
-            row["step"] = gw.jobs[row["job_id"]]
+        for k in kinds:
+            if row["job_id"] in k.steps:
+                row["step"] = k.steps[row["job_id"]]
     return {
         "spool": str(tree.root),
         "generated_at": now,
@@ -729,15 +693,16 @@ def overview(
         "running": running,
         "attention": attention(scan.counts, workers, failed, rejected, disk)
         + quarantine_attention(tree, scan)
-        + stale_attention(gw.stale if gw is not None else []),
+        + [item for k in kinds for item in k.attention],
         "disk": disk,
         "failed": failed,
         "rejected": rejected,
         "workers": workers,
         "recent": recent_outputs(tree, recent),
         "library": _library_stats(tree),
-        **({"generations": gens} if gens else {}),  # only while generations run
-        **({"generation_ages": {k: round(v, 1) for k, v in gw.oldest.items()}} if gw and gw.oldest else {}),
+        **{
+            name: value for k in kinds for name, value in k.fields.items()
+        },  # only while a kind says something
     }
 
 

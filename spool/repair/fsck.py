@@ -263,11 +263,11 @@ def _generations_left(tree: Tree, jid: str) -> list[Problem]:
     """A generation attempt no worker runs, whose provider job may still run (SPEC 11, 10)."""
     if not any((tree.attempt_dir(jid, n) / "gen").is_dir() for n in attempt_numbers(tree, jid)):
         return []
-    from spool.kinds.generate import watch  # here: only jobs with generation attempts need it
+    from spool.kinds import views  # here: only jobs with generation attempts need it
 
     return [
         Problem(10, _rel(tree, gen), why, "check the provider: cancel that job there if it still runs")
-        for gen, why in watch.left_behind(tree, jid)
+        for gen, why in views.left_behind(tree, jid)
     ]
 
 

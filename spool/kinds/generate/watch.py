@@ -1,4 +1,6 @@
-"""What an operator sees of the generations in flight: states, ages, and the stale ones.
+"""What an operator sees of the generations in flight: states, ages, and the stale ones
+(this kind's ``watch`` module: :mod:`spool.kinds.views` asks :func:`status`,
+:func:`families` and :func:`left_behind` for ``spool status``, the metrics and fsck).
 
 Read from the files of each running job's current attempt (one listing of
 ``gen/`` per job, and for the few whose state has lasted long, its progress
@@ -17,10 +19,15 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from spool.core.families import Family
 from spool.disk.tree import Tree
 from spool.kinds.generate import states
+from spool.kinds.views import Status
+
+if TYPE_CHECKING:
+    from spool.core.config import Config
 
 #: No new evidence for this many polling ceilings: the generation needs a look.
 STALE_CEILINGS = 3
@@ -138,3 +145,76 @@ def left_behind(tree: Tree, job_id: str) -> list[tuple[Path, str]]:
             carried_jobs.add(generating.provider_job_id)
         carried_creates = carried_creates or any("sent by attempt" in c.request.request for c in v.creates)
     return found
+
+
+# -- this kind's part of the overview, the metrics and fsck (spool.kinds.views) ----------------
+
+
+def status(tree: Tree, running: list[dict[str, Any]], cfg: Config | None) -> Status | None:
+    """Attempts per state (``generations``), the oldest age in each state the provider holds
+    (``generation_ages``), each job's state as its step, and the stale ones as attention."""
+    ceilings = {n: c.polling.ceiling for n, c in cfg.provider_configs.items()} if cfg is not None else {}
+    w = watch(tree, running, ceilings)
+    if not w.counts:
+        return None
+    fields: dict[str, Any] = {"generations": w.counts}
+    if w.oldest:
+        fields["generation_ages"] = {k: round(v, 1) for k, v in w.oldest.items()}
+    return Status(fields=fields, steps=dict(w.jobs), attention=[_attention(s) for s in w.stale])
+
+
+def _attention(s: dict[str, Any]) -> dict[str, Any]:
+    """A generation the provider has said nothing about for several polling ceilings."""
+    last = f"; last status {s['last_status']}" if s["last_status"] else ""
+    errs = f"; {s['errors']} failed request(s) in a row" if s["errors"] else ""
+    job = f" (provider job {s['provider_job_id']})" if s["provider_job_id"] else ""
+    return {
+        "kind": "generation",
+        "subject": s["job_id"],
+        "problem": f"no answer from provider {s['provider']!r} for {s['silent']:.0f} s{job}: "
+        f"attempt {s['attempt']} {s['state']} for {s['state_age']:.0f} s{last}{errs}",
+        "next_action": "Check the provider's status page; the attempt ends at its deadline by itself "
+        f"(spool cancel {s['job_id']} ends it now and cancels it at the provider).",
+    }
+
+
+def families(worker: str, tree: Tree, running: list[str]) -> list[Family]:
+    """``spool_generation_attempts{state}`` and ``spool_generation_state_age_seconds{state}``:
+    the generations this process moves from memory (:func:`states.known_state`), any other
+    from its files."""
+    counts: dict[str, int] = {}
+    ages: dict[str, float] = {}
+    rows = []
+    now = time.time()
+    for jid in running:
+        known = states.known_state(jid)
+        if known is None:
+            nums = tree.attempt_numbers(jid)
+            rows.append({"job_id": jid, "attempt": nums[-1] if nums else None})
+            continue
+        counts[known[1]] = counts.get(known[1], 0) + 1
+        since = states.known_since(jid)
+        if since is not None:
+            ages[known[1]] = max(ages.get(known[1], 0.0), now - since)
+    if any(r["attempt"] is not None for r in rows):
+        w = watch(tree, rows, {}, now)
+        for state, n in w.counts.items():
+            counts[state] = counts.get(state, 0) + n
+        for state, age in w.oldest.items():
+            ages[state] = max(ages.get(state, 0.0), age)
+    gens = Family(
+        "spool_generation_attempts",
+        "gauge",
+        "Running generation jobs by the state of their current attempt (submitted ... failed).",
+    )
+    for state in states.ORDER:
+        gens.add(counts.get(state, 0), worker=worker, state=state)
+    oldest = Family(
+        "spool_generation_state_age_seconds",
+        "gauge",
+        "Seconds the longest-waiting running generation has been in each state its provider holds "
+        "(submitted ... stored); 0 when none.",
+    )
+    for state in WAITING:
+        oldest.add(round(ages.get(state, 0.0), 1), worker=worker, state=state)
+    return [gens, oldest]

@@ -22,8 +22,8 @@ from spool.core.errors import Failed, Interrupted, InvalidInput
 from spool.core.faults import crashpoint
 from spool.core.model import JobBase, LayerBox, Output, Progress, Source, ValidationReport
 from spool.disk import store
-from spool.kinds.base import Kind, Produced
-from spool.kinds.render import ffcommand, ffrun, layers, recipe
+from spool.kinds.base import Kind, Produced, SelfCheck
+from spool.kinds.render import ffcommand, ffrun, layers, recipe, selfcheck
 from spool.kinds.render import timeline as timeline_
 from spool.media import sources as sources_
 from spool.media.validate import validate
@@ -226,6 +226,11 @@ class Render(Kind[RenderJob]):
         _classify(ctx, job, attempt, out)
         unchanged_since(job, before)
         return Produced(attempt.work / job.output.file, out.seconds)
+
+    def self_check(self, cfg: Config) -> SelfCheck:
+        """The font, then a tiny render through every step kind and encoder
+        (:mod:`spool.kinds.render.selfcheck`; a pass is remembered per FFmpeg and font)."""
+        return selfcheck.run(cfg)
 
     def check(self, cfg: Config, job: RenderJob, candidate: Path, log: Path) -> ValidationReport:
         return validate(candidate, job.output.container, job.output.expect, cfg, log, job.layers)

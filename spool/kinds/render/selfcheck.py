@@ -19,7 +19,6 @@ import shutil
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ import msgspec
 from spool.core.config import Config
 from spool.core.model import Record, encode
 from spool.disk.tree import write_atomic
+from spool.kinds.base import SelfCheck
 from spool.kinds.render import ffcommand, recipe
 from spool.media import samples, sources
 
@@ -90,13 +90,8 @@ class SelfCheckRecord(Record, kw_only=True):
     seconds: float
 
 
-@dataclass(frozen=True)
-class Result:
-    ok: bool
-    step: str  # the first step that failed ("" when ok)
-    detail: str  # FFmpeg's last lines, or why the check could not run
-    seconds: float
-    cached: bool = False
+#: How the check went (``detail``: FFmpeg's last lines, or why the check could not run).
+Result = SelfCheck
 
 
 def _key(cfg: Config) -> str:
