@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import IO
 
+from spool.core import version
 from spool.core.errors import SpoolError
 from spool.core.model import PoolUse, WorkerRecord, encode, now
 from spool.disk.tree import HOST, Tree, boot_id, write_atomic
@@ -93,7 +94,7 @@ class Heartbeat:
             beats=0,
             max_active=max_active,
             temp_disk_limit=temp_disk_limit,
-            version=_version(),
+            version=version.installed(),
         )
         #: The state of the last beat written durably (``None``: none yet by this process).
         self._durable_state: str | None = None
@@ -131,12 +132,3 @@ class Heartbeat:
         if durable:
             self._durable_state = r.state
         return r
-
-
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("spool")
-    except Exception:
-        return "unknown"

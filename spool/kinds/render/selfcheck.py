@@ -24,6 +24,7 @@ from typing import Any
 
 import msgspec
 
+from spool.core import version
 from spool.core.config import Config
 from spool.core.model import Record, encode
 from spool.disk.tree import write_atomic
@@ -101,9 +102,7 @@ def _key(cfg: Config) -> str:
         binary = f"{Path(exe).resolve()}:{st.st_size}:{st.st_mtime_ns}"
     except OSError:
         binary = f"{exe}:missing"
-    from spool.queue.workers import _version
-
-    return f"{binary}|font={cfg.render.font_file}|spool={_version()}|checks={','.join(CHECKS)}"
+    return f"{binary}|font={cfg.render.font_file}|spool={version.installed()}|checks={','.join(CHECKS)}"
 
 
 def _memo(key: str) -> Path:
