@@ -32,7 +32,7 @@ SIM_TOKEN = "demo-sim-token-4f1c2b"
 
 
 def provider_table(url: str) -> str:
-    """``[providers.sim]``: the simulator, as a real provider would be configured (README)."""
+    """``[providers.sim]``: the simulator, as a real provider would be configured (docs/generation.md)."""
     return f"""
 [providers.sim]
 kind = "replicate"

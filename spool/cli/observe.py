@@ -78,7 +78,7 @@ def watch(
 @app.command("ls")
 def ls_cmd(
     state: Annotated[
-        str | None, typer.Argument(help="pending, running, complete, failed or rejected.")
+        str | None, typer.Argument(help="waiting, pending, held, running, complete, failed or rejected.")
     ] = None,
     spool: SpoolOpt = None,
     as_json: JsonOpt = False,
