@@ -193,8 +193,10 @@ def test_index_rebuild_recreates_the_index_from_manifests_alone(tree, fmt):
 SEARCHER = textwrap.dedent(
     """
     import json, os, sys, time
-    from spool import config, library, store
-    from spool.tree import Tree
+    from spool.core import config
+    from spool.disk import store
+    from spool.disk.tree import Tree
+    from spool.library import catalog
     tree = Tree.at(sys.argv[1]); cfg = config.load(tree.config_file)
     stop = tree.root.parent / "stop"
     queries, bad_hash, missed, hits = 0, [], [], 0
@@ -203,7 +205,7 @@ SEARCHER = textwrap.dedent(
             for loc in ("en-GB", "fr-FR"):
                 # Jobs complete before the query must all be found (names say their tags).
                 before = {n[:-5] for n in os.listdir(tree.complete) if n.endswith(".json")}
-                res = library.search(tree, cfg, library.parse_terms([f"campaign=c{i}", f"locale={loc}"]))
+                res = catalog.search(tree, cfg, catalog.parse_terms([f"campaign=c{i}", f"locale={loc}"]))
                 queries += 1
                 got = {h.job for h in res.results}
                 for h in res.results:
