@@ -2,6 +2,7 @@
 
     tools/torture [--jobs N] [--kills K] [--workers W] [--seed S] [--keep DIR]
                   [--generate G] [--depends D] [--mounts A,B,... [--export DIR]]
+                  [--migrate M [--migrate-kills K]]
 
 It makes a spool with tiny real media, submits N jobs (most render, some are
 meant to fail validation), starts W daemons and then, K times, kills with
@@ -33,6 +34,19 @@ for good): a dependent of published upstreams complete (or failed itself), froze
 exact store objects (tools/invariants.py, invariant 12); a dependent of a failed upstream
 held with its hold record; one below a held job still waiting; nothing else in ``waiting/``.
 Across mounts (``--mounts``) the dependents are settled by daemons on different mounts.
+
+With ``--migrate M`` the run is of the old layout and then of its upgrade: the spool is
+made format 1 (no ``FORMAT`` file) and every daemon life writes format 1
+(``SPOOL_WRITE_FORMAT=1``, what the old code does), with M no-op jobs (some at a second
+revision) mixed in so the library holds enough versions for ``spool migrate`` to take a
+while. After the drain and the checks, ``spool migrate`` itself is tortured: on copies of
+the format 1 tree (``cp -a``) it is SIGKILLed at its crash points (``mid_migrate``,
+``mid_group_sync``) and at random moments of a whole run's duration, and after every kill
+the half-migrated tree must read exactly as before (every search hit, each version's
+facts, each object and name resolved: no false hit, no miss) and pass tools/invariants.py;
+then it is run to completion, and the tree must say format 2, read the same, pass fsck
+and the invariants, and a further run must find nothing to do. Last, the run's own spool
+goes the same way through a chain of kills (each run resumes the previous one's work).
 
 It prints one line of figures and exits 0 only if no job was lost, none was
 published twice, no partial file sits at a final path and both checks are
@@ -66,7 +80,9 @@ from typing import Any
 import invariants
 
 from spool.core import settings
+from spool.core.errors import SpoolError
 from spool.core.faults import OTHER_POINTS, POINTS
+from spool.disk.formats import ENV as FORMAT_ENV
 from spool.media import samples
 from spool.queue import health
 
@@ -109,14 +125,15 @@ def job(i: int, assets: Path, rng: random.Random) -> dict[str, object]:
 
 
 class Worker:
-    def __init__(self, spool: Path, name: str, logdir: Path) -> None:
+    def __init__(self, spool: Path, name: str, logdir: Path, env: dict[str, str] | None = None) -> None:
         self.spool, self.name, self.logdir = spool, name, logdir
+        self.env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
         self.lives = 0
         self.crash_at: str | None = None
 
     def start(self, crash_at: str | None = None, drain: bool = False) -> None:
-        env = {**os.environ}
+        env = {**os.environ, **self.env}
         env.pop("SPOOL_CRASH_AT", None)
         if crash_at:
             env["SPOOL_CRASH_AT"] = crash_at
@@ -191,15 +208,17 @@ def run(args: argparse.Namespace) -> dict[str, object]:
 def _run(args: argparse.Namespace, sim: Any) -> dict[str, object]:
     rng = random.Random(args.seed)
     lay = _layout(args)
-    _make_spool(lay, args.max_attempts)
+    _make_spool(lay, args.max_attempts, old_format=bool(args.migrate))
     ids = _submit(lay, args.jobs, rng)
+    ids += _submit_noops(lay, args.migrate)
     gen_ids = (
         _submit_generations(lay, args.generate, sim, rng, args.provider_faults) if sim is not None else []
     )
     ids += gen_ids
     groups = _submit_depends(lay, args.depends, rng) if args.depends else []
     started = time.monotonic()
-    workers = [Worker(lay.views[k % len(lay.views)], f"w{k}", lay.logs) for k in range(args.workers)]
+    old = {FORMAT_ENV: "1"} if args.migrate else {}  # the old code writes format 1
+    workers = [Worker(lay.views[k % len(lay.views)], f"w{k}", lay.logs, old) for k in range(args.workers)]
     for w in workers:
         w.start()
     revised = _revise_heads(lay, groups, rng)
@@ -246,11 +265,14 @@ def _run(args: argparse.Namespace, sim: Any) -> dict[str, object]:
         figures |= _generation_figures(lay.spool, gen_ids, sim)
     figures["jobs"] = len(ids)
     figures |= adopted
+    if args.migrate and not any(found[k] for k in ("lost", "double", "partial", "fsck", "independent")):
+        figures |= _migrate_torture(lay, args, rng)
     clean = not any(found[k] for k in ("lost", "double", "partial", "fsck", "independent"))
     clean = clean and not adopted.get("adopt_wrong")
     clean = clean and not figures.get("generation_creates_over_attempts")
     clean = clean and not figures.get("generation_wrong_asset")
     clean = clean and not figures.get("depends_wrong")
+    clean = clean and not figures.get("migrate_wrong")
     if not args.keep and clean:
         shutil.rmtree(lay.base, ignore_errors=True)
         if args.mounts:
@@ -275,8 +297,9 @@ def _layout(args: argparse.Namespace) -> Layout:
     return Layout(base, spool, views, assets, logs)
 
 
-def _make_spool(lay: Layout, max_attempts: int) -> None:
-    """Tiny real media, ``spool init``, and fast settings: quick polls, short backoff."""
+def _make_spool(lay: Layout, max_attempts: int, *, old_format: bool = False) -> None:
+    """Tiny real media, ``spool init``, and fast settings: quick polls, short backoff
+    (``old_format``: a format 1 tree that allows no-op jobs, as ``--migrate`` needs)."""
     if lay.spool.exists():
         shutil.rmtree(lay.spool)
     samples.clip(lay.assets / "clip.mp4", seconds=2.0, size="320x240")
@@ -293,8 +316,11 @@ def _make_spool(lay: Layout, max_attempts: int) -> None:
             "daemon": {"poll_interval": 0.2, "heartbeat_interval": 0.5},
             "limits": {"max_attempts": max_attempts},
             "recovery": {"backoff": 0.2, "backoff_max": 2.0},
-        },
+        }
+        | ({"acceptance": {"allow_noop": True}} if old_format else {}),
     )
+    if old_format:
+        (lay.spool / "FORMAT").unlink()  # a spool made before formats were recorded: format 1
 
 
 def _submit(lay: Layout, jobs: int, rng: random.Random) -> list[str]:
@@ -306,6 +332,27 @@ def _submit(lay: Layout, jobs: int, rng: random.Random) -> list[str]:
         tmp.write_text(json.dumps(sub))
         os.rename(tmp, lay.spool / "incoming" / f"t{i:04d}.json")
         ids.append(f"t{i:04d}@1")
+    return ids
+
+
+def _submit_noops(lay: Layout, n: int) -> list[str]:
+    """``n`` no-op jobs for the library ``spool migrate`` converts (``--migrate``): names
+    ``m<i>`` with tags in five campaigns, every seventh name also at revision 2 (so a
+    name's current version is not its only one). Their job IDs."""
+    ids = []
+    for i in range(n):
+        revs = (1, 2) if i % 7 == 3 else (1,)
+        for rev in revs:
+            sub = {
+                "name": f"m{i:04d}",
+                "revision": rev,
+                "operation": "noop",
+                "tags": TAGS | {"campaign": f"mig{i % 5}", "locale": ("en", "fr")[rev - 1]},
+            }
+            tmp = lay.spool / "incoming" / f"m{i:04d}-{rev}.json.tmp"
+            tmp.write_text(json.dumps(sub))
+            os.rename(tmp, lay.spool / "incoming" / f"m{i:04d}-{rev}.json")
+            ids.append(f"m{i:04d}@{rev}")
     return ids
 
 
@@ -794,6 +841,216 @@ def _fsck(spool: Path, *, repair: bool) -> list[dict[str, Any]]:
     return problems
 
 
+#: ``spool migrate``'s crash points: its merged entries durable, the format 1 records not
+#: yet removed; and between the folder fsyncs of one of its batches (the first: creating).
+MIGRATE_POINTS = ("mid_migrate", "mid_group_sync")
+
+
+def library_view(spool: Path) -> dict[str, Any]:
+    """What readers see of the library, compared before, during and after ``spool
+    migrate``: every hit of a search of all versions with its tags and its version's facts,
+    the current hits of each campaign, and what each object and name resolves to. Run in a
+    fresh process (``--library-view``), so no reader's cache outlives a change."""
+    from spool.core import config
+    from spool.disk.tree import Tree
+    from spool.library import catalog, index
+
+    tree = Tree.at(spool)
+    cfg = config.load(tree.config_file)
+    hits = catalog.search(tree, cfg, catalog.parse_terms(["visibility=internal"]), all_versions=True).results
+    versions: dict[str, Any] = {}
+    for h in hits:
+        v = index.read_version(tree, h.name, h.revision)
+        facts = None if v is None else [v.sha256, v.store_path, str(v.published_at), v.indexed_at.isoformat()]
+        versions[h.job] = {
+            "sha256": h.sha256,
+            "path": h.path,
+            "current": h.current,
+            "tags": h.tags,
+            "version": facts,
+        }
+    campaigns = sorted({h.tags.get("campaign", "") for h in hits})
+    current = {
+        c: sorted(h.job for h in catalog.search(tree, cfg, catalog.parse_terms([f"campaign={c}"])).results)
+        for c in campaigns
+    }
+    by_sha = {}
+    for sha in sorted({h.sha256 for h in hits}):
+        try:
+            got = catalog.resolve(tree, sha)
+            by_sha[sha] = [got.job, str(got.path.relative_to(tree.root))]
+        except SpoolError as exc:
+            by_sha[sha] = [type(exc).__name__]
+    by_name = {}
+    for name in sorted({h.name for h in hits}):
+        try:
+            by_name[name] = catalog.resolve(tree, name).job
+        except SpoolError as exc:
+            by_name[name] = type(exc).__name__
+    return {"versions": versions, "current": current, "objects": by_sha, "names": by_name}
+
+
+def _view(spool: Path) -> dict[str, Any]:
+    r = subprocess.run(
+        [sys.executable, __file__, "--library-view", str(spool)], capture_output=True, text=True, check=False
+    )
+    if r.returncode != 0:
+        return {"error": r.stderr[-500:]}
+    view: dict[str, Any] = json.loads(r.stdout)
+    return view
+
+
+def _format_of(spool: Path) -> int:
+    from spool.disk import formats
+
+    return formats.read(spool)
+
+
+def _migration_phase(spool: Path, v1_before: int) -> str:
+    """Where a killed ``spool migrate`` left the tree, from the tree: before its first
+    merged version entry, creating them, all created (the format 1 records all kept),
+    removing the format 1 records, all removed but ``FORMAT`` not yet written, or done."""
+    from spool.disk.tree import Tree
+    from spool.library import segments
+
+    if _format_of(spool) == 2:
+        return "done"
+    v1 = _v1_records(spool)
+    merged = sum(1 for kind, _ in segments.merged_entries(Tree.at(spool)) if kind == "versions")
+    if v1 == 0:
+        return "removed, FORMAT not yet written"
+    if v1 < v1_before:
+        return "removing format 1 records"
+    if merged == 0:
+        return "before any merged entry"
+    return "merged entries created" if merged >= v1_before else "creating merged entries"
+
+
+def _v1_records(spool: Path) -> int:
+    """Format 1 version records (``library/<name>/<rev>``)."""
+    lib = spool / "library"
+    return sum(len(os.listdir(d)) for d in lib.iterdir() if d.is_dir()) if lib.is_dir() else 0
+
+
+def _migrate(spool: Path, *, crash_at: str | None = None, kill_after: float | None = None) -> tuple[int, str]:
+    """One ``spool migrate`` run (``--json``), killed at a crash point or after
+    ``kill_after`` seconds if it lasts that long: its exit code and output."""
+    env = {k: v for k, v in os.environ.items() if k not in ("SPOOL_CRASH_AT", FORMAT_ENV)}
+    if crash_at:
+        env["SPOOL_CRASH_AT"] = crash_at
+    proc = subprocess.Popen(
+        [SPOOL, "migrate", "--spool", str(spool), "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        out, err = proc.communicate(timeout=kill_after)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    return proc.returncode, out + err
+
+
+def _judge(spool: Path, before: dict[str, Any], when: str, wrong: list[str], *, fsck: bool) -> None:
+    """The tree reads as ``before`` and passes the invariants (and fsck, with ``fsck``)."""
+    now = _view(spool)
+    if now != before:
+        diff = [
+            f"{part} {key}: {before.get(part, {}).get(key)!r} -> {now.get(part, {}).get(key)!r}"
+            for part in ("versions", "objects", "names", "current")
+            for key in sorted(set(before.get(part, {})) | set(now.get(part, {})))
+            if before.get(part, {}).get(key) != now.get(part, {}).get(key)
+        ]
+        wrong.append(f"{when}: the library reads differently: {now.get('error') or diff[:3]}")
+    bad = invariants.check(spool)
+    if bad:
+        wrong.append(f"{when}: invariants: {bad[:3]}")
+    if fsck:
+        problems = _fsck(spool, repair=False)
+        if problems:
+            wrong.append(f"{when}: fsck: {problems[:3]}")
+
+
+def _complete_migration(spool: Path, wrong: list[str], when: str) -> None:
+    """Run ``spool migrate`` to its end, then once more: the first says format 2, the
+    second finds nothing to do."""
+    rc, out = _migrate(spool)
+    again_rc, again = _migrate(spool)
+    try:
+        first, second = json.loads(out), json.loads(again)
+    except ValueError:
+        wrong.append(f"{when}: migrate exit {rc}/{again_rc}: {(out + again)[-300:]}")
+        return
+    if rc != 0 or first["now"] != 2 or _format_of(spool) != 2:
+        wrong.append(f"{when}: migrate ended at format {first['now']} (exit {rc})")
+    if again_rc != 0 or (second["was"], second["versions"], second["left"]) != (2, 0, []):
+        wrong.append(f"{when}: a second migrate did work: {second}")
+    if (spool / "library").exists() and any((spool / "library").iterdir()):
+        wrong.append(f"{when}: format 1 version records left: {sorted(os.listdir(spool / 'library'))[:5]}")
+
+
+def _migrate_torture(lay: Layout, args: argparse.Namespace, rng: random.Random) -> dict[str, Any]:
+    """``spool migrate`` of the run's format 1 tree, killed (see the module docstring)."""
+    spool = lay.spool
+    wrong: list[str] = []
+    if _format_of(spool) != 1:
+        return {"migrate_wrong": [f"the run left a tree of format {_format_of(spool)}, not 1"]}
+    before = _view(spool)
+    if "error" in before or not before["versions"]:
+        return {"migrate_wrong": [f"no library to migrate: {before.get('error', 'no versions')}"]}
+    v1_before = _v1_records(spool)
+    if v1_before != len(before["versions"]) or (spool / "index" / "_segments").is_dir():
+        wrong.append(
+            f"the old writers left {v1_before} version records for {len(before['versions'])} versions"
+        )
+    pristine = lay.base / "migrate-pristine"
+    subprocess.run(["cp", "-a", str(spool), str(pristine)], check=True)
+    # A whole run on a copy: how long one lasts (the random kills fall within it).
+    ref = lay.base / "migrate-ref"
+    subprocess.run(["cp", "-a", str(pristine), str(ref)], check=True)
+    t0 = time.monotonic()
+    rc, out = _migrate(ref)
+    whole = time.monotonic() - t0
+    if rc != 0:
+        wrong.append(f"an unkilled migrate failed: {out[-300:]}")
+    _judge(ref, before, "unkilled", wrong, fsck=True)
+    shutil.rmtree(ref, ignore_errors=True)
+    phases: Counter[str] = Counter()
+    for k in range(args.migrate_kills):
+        trial = lay.base / f"migrate-{k}"
+        subprocess.run(["cp", "-a", str(pristine), str(trial)], check=True)
+        point = MIGRATE_POINTS[k] if k < len(MIGRATE_POINTS) else None
+        rc, out = _migrate(trial, crash_at=point, kill_after=None if point else rng.uniform(0.0, whole))
+        if rc != -signal.SIGKILL:
+            phases["finished before the kill"] += 1
+        else:
+            phases[f"{point or 'random'}: {_migration_phase(trial, v1_before)}"] += 1
+            _judge(trial, before, f"trial {k} killed ({point or 'random'})", wrong, fsck=False)
+        _complete_migration(trial, wrong, f"trial {k}")
+        _judge(trial, before, f"trial {k} migrated", wrong, fsck=True)
+        shutil.rmtree(trial, ignore_errors=True)
+    # The run's own spool: a chain of kills, each run resuming what the last one left.
+    chain = [*MIGRATE_POINTS, None, None]
+    for point in chain:
+        rc, _ = _migrate(spool, crash_at=point, kill_after=None if point else rng.uniform(0.0, whole))
+        if rc == -signal.SIGKILL:
+            phases[f"chain, {point or 'random'}: {_migration_phase(spool, v1_before)}"] += 1
+            _judge(spool, before, f"chain killed ({point or 'random'})", wrong, fsck=False)
+    _complete_migration(spool, wrong, "chain")
+    _judge(spool, before, "chain migrated", wrong, fsck=True)
+    shutil.rmtree(pristine, ignore_errors=True)
+    return {
+        "migrate_versions": len(before["versions"]),
+        "migrate_v1_records": v1_before,
+        "migrate_seconds_whole": round(whole, 2),
+        "migrate_kills": sum(n for p, n in phases.items() if p != "finished before the kill"),
+        "migrate_phases": dict(sorted(phases.items())),
+        "migrate_wrong": wrong[:10],
+    }
+
+
 #: Where a daemon settling dependents may die (spool.queue.depends): each is in OTHER_POINTS too.
 DEPENDS_POINTS = ("after_resolve_write", "after_hold_record")
 assert set(DEPENDS_POINTS) <= set(OTHER_POINTS)
@@ -880,8 +1137,24 @@ def main() -> int:
     ap.add_argument(
         "--adopt", type=int, default=0, help="clips spool library adopt takes, killed again and again"
     )
+    ap.add_argument(
+        "--migrate",
+        type=int,
+        default=0,
+        help="run the old layout (format 1) with this many no-op jobs mixed in, then torture spool migrate",
+    )
+    ap.add_argument(
+        "--migrate-kills",
+        type=int,
+        default=8,
+        help="with --migrate: copies of the tree whose migrate is killed",
+    )
+    ap.add_argument("--library-view", help=argparse.SUPPRESS)  # internal: what readers see, as JSON
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.library_view:
+        print(json.dumps(library_view(Path(args.library_view)), sort_keys=True))
+        return 0
     f = run(args)
     if args.json:
         print(json.dumps(f, indent=2))
@@ -910,6 +1183,12 @@ def main() -> int:
                 if "depends_groups" in f
                 else ""
             )
+            + (
+                f" | migrate: versions={f['migrate_versions']} kills={f['migrate_kills']} "
+                f"whole={f['migrate_seconds_whole']}s wrong={len(f['migrate_wrong'])}"  # type: ignore[arg-type]
+                if "migrate_versions" in f
+                else ""
+            )
         )
         if (
             f["lost"]
@@ -920,10 +1199,12 @@ def main() -> int:
             or f.get("generation_creates_over_attempts")
             or f.get("generation_wrong_asset")
             or f.get("depends_wrong")
+            or f.get("migrate_wrong")
         ):
             print(json.dumps(f["details"], indent=2), file=sys.stderr)
             print(json.dumps(f.get("generation_details", []), indent=2), file=sys.stderr)
             print(json.dumps(f.get("depends_wrong", []), indent=2), file=sys.stderr)
+            print(json.dumps(f.get("migrate_wrong", []), indent=2), file=sys.stderr)
             print(f"spool kept at {f['spool']}", file=sys.stderr)
     bad = (
         f["lost"]
@@ -936,6 +1217,7 @@ def main() -> int:
         or f.get("generation_wrong_asset")
         or f.get("adopt_wrong")
         or f.get("depends_wrong")
+        or f.get("migrate_wrong")
     )
     return 1 if bad else 0
 

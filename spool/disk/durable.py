@@ -98,13 +98,21 @@ def host_name() -> str:
 HOST = host_name()
 
 
+_boot_id: str | None = None
+
+
 def boot_id() -> str:
     """The kernel's boot id: it changes on every reboot, so a pid is only
-    meaningful together with it."""
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return "unknown"
+    meaningful together with it. Read once per process (a reboot ends the process;
+    every attempt record and beat carries it, so reading it each time cost an open and
+    two stats a job)."""
+    global _boot_id
+    if _boot_id is None:
+        try:
+            _boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        except OSError:
+            return "unknown"  # not cached: /proc may be mounted later (a container's start)
+    return _boot_id
 
 
 def temp_name(final_name: str) -> str:

@@ -27,6 +27,7 @@ import logging
 import os
 import pwd
 import stat
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -614,9 +615,29 @@ def _dispose_of_object(tree: Tree, taken: Path, name: str, st: os.stat_result) -
 def owner_of(path: Path) -> str:
     """The user name owning a dropped file: the default ``submitted_by``."""
     try:
-        return pwd.getpwuid(os.lstat(path).st_uid).pw_name
-    except (KeyError, OSError):
+        return _user_name(os.lstat(path).st_uid)
+    except OSError:
         return "unknown"
+
+
+#: uid -> (user name, monotonic time looked up): a lookup opens and reads /etc/passwd
+#: (and nsswitch.conf) each time, once per accepted drop; a renamed user is seen within
+#: USER_NAME_TTL seconds.
+_user_names: dict[int, tuple[str, float]] = {}
+USER_NAME_TTL = 60.0
+
+
+def _user_name(uid: int) -> str:
+    t = time.monotonic()
+    hit = _user_names.get(uid)
+    if hit is not None and t - hit[1] < USER_NAME_TTL:
+        return hit[0]
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = "unknown"
+    _user_names[uid] = (name, t)
+    return name
 
 
 def _taken_prefix(worker: str) -> str:
