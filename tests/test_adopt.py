@@ -398,3 +398,37 @@ def test_a_tag_changed_for_unchanged_bytes_is_reported_not_adopted_twice(small):
     assert out["counts"] == {"already": 6}
     [changed] = [it for it in out["items"] if it["reason"]]
     assert "campaign is 'campaign-1', given 'campaign-one'" in changed["reason"]
+
+
+def test_a_retryable_failure_is_run_again_by_the_same_adoption_run(small, monkeypatch):
+    """A probe or copy cut short on a loaded host fails an attempt retryably: the run waits
+    out the backoff and adopts the file, as a daemon would, instead of leaving it pending
+    for the next run (seen under load: one adopt job left pending after a first run)."""
+    from spool.core import config
+    from spool.core.errors import Failed
+    from spool.kinds.adopt import Adopt
+    from spool.library import adopt
+
+    tree, lib, tags_csv = small
+    settings.write(
+        tree.config_file, {"assets": {"roots": [str(lib)]}, "recovery": {"backoff": 0.2, "backoff_max": 0.2}}
+    )
+    cfg = config.load(tree.config_file)
+    real = Adopt.produce
+    failed: list[str] = []
+
+    def flaky(self, ctx, job, attempt):  # type: ignore[no-untyped-def]
+        if not failed:  # the first attempt of the first job: a retryable failure
+            failed.append(job.job_id)
+            raise Failed("produce", "copy", "cut short", next_action="retry", retryable=True)
+        return real(self, ctx, job, attempt)
+
+    monkeypatch.setattr(Adopt, "produce", flaky)
+    rows = adopt.read_tags_csv(tags_csv, lib.resolve())
+    rep = adopt.Adoption(tree, cfg, lib, rows, jobs=2).run()
+    by = {it.job: it.outcome for it in rep.items}
+    assert failed and by[failed[0]] == "adopted", by
+    assert sorted(set(by.values())) == ["adopted"] and len(by) == 6
+    assert sorted(tree.attempt_numbers(failed[0])) == [1, 2]  # the retry ran as a second attempt
+    assert not any(tree.pending.iterdir())
+    assert_sound(tree)

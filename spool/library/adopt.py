@@ -58,7 +58,7 @@ from spool.disk.store import sha256_file
 from spool.disk.tree import Tree, visible_names
 from spool.kinds.adopt import CONTAINERS, ROLE, AdoptJob, output_name
 from spool.library.index import NAME_RE, read_version
-from spool.queue import accept, claim, execute
+from spool.queue import accept, claim, execute, retry
 from spool.queue.context import Context
 from spool.queue.events import Journal
 from spool.queue.status import running_workers
@@ -425,7 +425,7 @@ class Adoption:
             crashpoint("mid_adopt")  # accepted, not claimed: the next run finds it pending
         if not claim.claim(self.tree, self.worker, jid):
             return Item(f.rel, name, "busy", job=jid, reason="another process claimed it", bytes=f.size)
-        outcome = execute.execute(self.ctx, jid)
+        outcome = self._execute(jid)
         if outcome == "complete":
             m = read_version(self.tree, name, int(jid.rpartition("@")[2]))
             word = "adopted" if item.outcome == "planned" else "resumed"
@@ -450,10 +450,25 @@ class Adoption:
             return Item(f.rel, name, "busy" if "already exists" in str(exc) else "invalid", reason=str(exc))
         if not claim.claim(self.tree, self.worker, jid):
             return Item(f.rel, name, "busy", job=jid, reason="another process claimed it", bytes=f.size)
-        outcome = execute.execute(self.ctx, jid)
+        outcome = self._execute(jid)
         if outcome == "complete":
             return Item(f.rel, name, "adopted", job=jid, sha256=item.sha256, bytes=f.size)
         return Item(f.rel, name, "failed", job=jid, reason=_failure(self.tree, jid) or outcome, bytes=f.size)
+
+    def _execute(self, jid: str) -> str:
+        """Run a claimed adopt job; a retryable failure (a probe or decode check cut short
+        on a loaded host) is run again after its backoff, as a daemon would, until it
+        publishes, fails for good or the retry policy gives up: the command finishes what
+        it can instead of leaving the job pending for the next run."""
+        outcome = execute.execute(self.ctx, jid)
+        while outcome == "retry" and not self.ctx.stop.is_set():
+            at = retry.not_before(self.tree, jid)
+            if at is not None and self.ctx.stop.wait(max(0.0, at - time.time())):
+                break
+            if not claim.claim(self.tree, self.worker, jid):
+                return "busy"
+            outcome = execute.execute(self.ctx, jid)
+        return outcome
 
 
 def submission(name: str, rev: int, f: Found, tags: dict[str, str]) -> bytes:
