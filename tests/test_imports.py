@@ -1,5 +1,5 @@
 """The import graph (tools/imports.py): no circles, so no arrow runs back up, and no new
-import hides inside a function. Most of the 108 left keep the lean CLI's start-up cheap or
+import hides inside a function. Most of the 107 left keep the lean CLI's start-up cheap or
 load a heavy part only where it is needed; not each is justified by a measurement yet, so
 the figure is a ratchet: lower it, never raise it."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import imports  # tools/ is on sys.path (conftest)
 
 #: On record; it may only go down.
-MAX_INSIDE_FUNCTIONS = 108
+MAX_INSIDE_FUNCTIONS = 107
 
 
 def test_no_circles_and_no_new_imports_hidden_in_functions() -> None:

@@ -45,6 +45,7 @@ from spool.core.config import Config
 from spool.core.errors import InvalidInput
 from spool.core.model import Record, decode, encode, now
 from spool.disk.tree import Tree, make_dirs, visible_names, write_atomic
+from spool.media.validate import integrated_loudness
 
 if TYPE_CHECKING:  # `spool search` imports this module; FFmpeg and plug-ins load where they run
     from importlib import metadata
@@ -204,7 +205,6 @@ _CUT = re.compile(r"lavfi\.scd\.time:\s*([0-9.]+)")
 _BLACK = re.compile(r"black_start:\s*([0-9.]+)\s+black_end:\s*([0-9.]+)")
 _SIL_START = re.compile(r"silence_start:\s*(-?[0-9.]+)")
 _SIL_END = re.compile(r"silence_end:\s*([0-9.]+)")
-_I = re.compile(r"^\s*I:\s*(-?[0-9.]+|-inf)\s*LUFS", re.M)
 _PEAK = re.compile(r"True peak:\s*\n\s*Peak:\s*(-?[0-9.]+|-inf)\s*dBFS")
 
 
@@ -221,8 +221,7 @@ def parse_analysis(log: str, duration: float | None) -> dict[str, Any]:
         sil.append(Stretch(start=s, end=end))  # silent to the end: silencedetect prints no end
     out["silence"] = sil
     summary = log[log.rfind("Summary:") :] if "Summary:" in log else ""
-    m = _I.search(summary)
-    out["loudness"] = None if m is None or m.group(1) == "-inf" else float(m.group(1))
+    out["loudness"] = integrated_loudness(log)
     p = _PEAK.search(summary)
     out["true_peak"] = None if p is None or p.group(1) == "-inf" else float(p.group(1))
     return out

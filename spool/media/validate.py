@@ -15,6 +15,7 @@ manifest and the version record, for every kind that calls :func:`validate`.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -234,12 +235,22 @@ def decode_check(path: Path, cfg: Config, duration: float | None, log: Path) -> 
     )
 
 
+#: The integrated loudness line of ebur128's summary.
+_INTEGRATED = re.compile(r"^\s*I:\s*(-?[0-9.]+|-inf)\s*LUFS", re.M)
+
+
+def integrated_loudness(log: str) -> float | None:
+    """Pure: the integrated loudness (LUFS) in the summary ``ebur128`` printed, or ``None``
+    (no summary, or digital silence: ``-inf``)."""
+    summary = log[log.rfind("Summary:") :] if "Summary:" in log else ""
+    m = _INTEGRATED.search(summary)
+    return None if m is None or m.group(1) == "-inf" else float(m.group(1))
+
+
 def measure_loudness(path: Path, cfg: Config, log: Path) -> float | None:
     """The integrated loudness (LUFS, EBU R128) of the first audio stream, by one
     audio-only decoding pass; ``None`` when it cannot be measured (digital silence,
     an FFmpeg error: the details go to ``log``). A measurement, never a check."""
-    from spool.library.enrich import parse_analysis
-
     argv = [
         cfg.render.ffmpeg, "-nostdin", "-hide_banner", "-nostats", "-protocol_whitelist", "file",
         "-i", f"file:{path}", "-map", "0:a:0", "-af", "ebur128=peak=true", "-f", "null", "-",
@@ -251,7 +262,7 @@ def measure_loudness(path: Path, cfg: Config, log: Path) -> float | None:
             f.write(f"[loudness] not measured: {exc}\n".encode())
         return None
     text = redact(proc.stderr.decode("utf-8", "replace"))
-    value = parse_analysis(text, None)["loudness"] if proc.returncode == 0 else None
+    value = integrated_loudness(text) if proc.returncode == 0 else None
     with open(log, "ab") as f:
         f.write(
             f"[loudness] exit {proc.returncode}: {value if value is not None else 'not measured'}\n".encode()
