@@ -193,8 +193,10 @@ def test_index_rebuild_recreates_the_index_from_manifests_alone(tree, fmt):
 SEARCHER = textwrap.dedent(
     """
     import json, os, sys, time
-    from spool import config, library, store
-    from spool.tree import Tree
+    from spool.core import config
+    from spool.disk import store
+    from spool.disk.tree import Tree
+    from spool.library import catalog as library
     tree = Tree.at(sys.argv[1]); cfg = config.load(tree.config_file)
     stop = tree.root.parent / "stop"
     queries, bad_hash, missed, hits = 0, [], [], 0
