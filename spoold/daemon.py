@@ -26,7 +26,6 @@ from functools import partial
 from types import FrameType
 
 from spool import doctor, kinds
-from spool.core import config, secrets
 from spool.core.config import Config
 from spool.core.faults import crashpoint
 from spool.core.model import Event, JobBase, PoolUse
@@ -34,7 +33,6 @@ from spool.disk import diskfull, formats, groupcommit
 from spool.disk.tree import Tree, make_dirs, visible_names
 from spool.kinds import capacities
 from spool.kinds.pools import Pools
-from spool.library import segments
 from spool.queue import accept, claim, depends, execute, publish, quarantine
 from spool.queue.arrivals import Arrivals
 from spool.queue.attempt import Attempt
@@ -48,7 +46,7 @@ from spoold.driver import Driver
 from spoold.hooks import Hook, call
 from spoold.notify import SystemdNotify
 from spoold.observers import Metrics, Thumbnails
-from spoold.policies import AutoRecover, HostQuarantine
+from spoold.policies import Orphans, policies
 from spoold.slots import Slot, SlotThreads
 from spoold.waker import Waker
 from spoold.watcher import Watcher
@@ -85,9 +83,10 @@ class Daemon:
         self.quarantined: str | None = None
         #: Temporary disk reserved per running job (its estimate), within limits.temp_disk.
         self.reserved: dict[str, int] = {}
-        #: Own running jobs whose attempt thread died: job ID -> (next try, backoff seconds).
-        self.orphans: dict[str, tuple[float, float]] = {}
-        self._orphans_lock = threading.Lock()
+        #: Own running jobs whose attempt ended abnormally: recovered by the OrphanRecovery policy.
+        self.orphans = Orphans()
+        #: Guards what slot threads hand the loop: _finished, _ready, _waiting.
+        self._lock = threading.Lock()
         #: Slots whose job function has returned (the thread may linger a moment).
         self._finished: set[str] = set()
         #: Format 2: prepared publishes waiting for the loop's next batch, since when, and
@@ -97,8 +96,6 @@ class Daemon:
         self._waiting: set[str] = set()
         #: How soon the loop must look again (waiting for company for a publish batch).
         self._wake_in: float | None = None
-        #: The thread compacting or merging the library index's segments, if one runs.
-        self._tidying: threading.Thread | None = None
         self._disk_warned: set[str] = set()
         self.identity = Identity(tree, worker)
         self.heartbeat = Heartbeat(tree, worker, cfg.limits.max_active, cfg.limits.temp_disk_bytes)
@@ -109,11 +106,9 @@ class Daemon:
         self._told_stopping = False
         #: Counters hooks may read (metrics): claims lost to another worker, and so on.
         self.stats: dict[str, int] = {"claim_conflicts": 0, "claims": 0}
-        # The parts every daemon runs with: recovery policy, then observers.
+        # The parts every daemon runs with: its policies, then observers.
         self.hooks = (
-            [HostQuarantine(), AutoRecover(), SystemdNotify(), Metrics(), Thumbnails()]
-            if hooks is None
-            else hooks
+            [*policies(tree, cfg), SystemdNotify(), Metrics(), Thumbnails()] if hooks is None else hooks
         )
         self.journal.listeners.append(lambda ev: call(self.hooks, "event", self, ev))
         #: Jobs whose state this daemon changed: their dependents (spool.queue.depends) may move on.
@@ -127,14 +122,12 @@ class Daemon:
         self.gates: dict[str, kinds.base.Gate] = {}
         self._next_beat = 0.0
         self._next_scan = 0.0
-        #: spool.toml, re-read when it changes and on SIGHUP (set by the handler).
-        self.reloader = config.Reloader(tree.config_file, cfg)
-        self._reload_asked = False
-        #: Failing loop steps: a bounded exponential backoff, and the state the log shows.
-        self.backoff = diskfull.Backoff(first=cfg.daemon.poll_interval, most=30.0)
+        #: SIGHUPs received (systemctl reload): the ConfigReload policy re-reads spool.toml.
+        self.hangups = 0
+        #: Since when the spool's disk is full (the Backoff policy): the heartbeat's state.
         self.disk_full_since: float | None = None
-        self._last_failure: str | None = None
-        self._beat_written = False
+        #: Whether this loop step wrote the heartbeat (proof that the disk has space).
+        self.beat_written = False
 
     # -- lifecycle ---------------------------------------------------------------
     def run(self) -> int:
@@ -153,7 +146,7 @@ class Daemon:
 
     def _run(self) -> int:
         self._install_signals()
-        if not self._when_space("start", self._begin):
+        if not self._start_step("start", self._begin):
             return 0  # stopped while the disk was full: nothing was started
         watching = self._probe_filesystem() == "inotify" and self.watcher.start()
         # inotify is chosen for local filesystems only: their timestamps are this host's
@@ -166,7 +159,7 @@ class Daemon:
             "inotify + polling" if watching else "polling",
         )
         try:
-            if not self._when_space("recover its own jobs", self._adopt):
+            if not self._start_step("recover its own jobs", self._adopt):
                 return 0
             call(self.hooks, "started", self)  # policies first: a quarantine, the self-check
             self.driver.start()
@@ -174,11 +167,11 @@ class Daemon:
                 try:
                     if not self._step():
                         break
-                    self._step_succeeded()
+                    call(self.hooks, "step_done", self, "loop")
                 except Exception as exc:
-                    # A transient I/O error (a NAS hiccup, a full disk) must not
-                    # kill the daemon: say it once, back off, try again.
-                    self._step_failed(exc)
+                    # A transient I/O error (a NAS hiccup, a full disk) must not kill the
+                    # daemon: the Backoff policy says it once and waits; the loop goes on.
+                    call(self.hooks, "step_failed", self, "loop", exc)
         finally:
             self.watcher.stop()
             self.driver.stop()  # driven attempts in flight stay in running/ and resume at restart
@@ -186,8 +179,6 @@ class Daemon:
                 self.interrupt.set()
             for t in list(self.slots.values()):
                 t.join()
-            if self._tidying is not None:
-                self._tidying.join()  # a merge ends cleanly (each step is safe to cut, but why cut it)
             try:
                 self.heartbeat.beat(active=[], state="stopped")
                 self.journal.commit()  # the durable beat above made it so already; say it
@@ -218,41 +209,29 @@ class Daemon:
             data = self.tree.job_file("running", jid, self.worker).read_bytes()
             kind = kinds.of(kinds.decode_job(data))
         except Exception:
-            with self._orphans_lock:  # vanished or damaged since: recover it by evidence
-                self.orphans[jid] = (time.monotonic(), 1.0)
+            self.orphans.add(jid)  # vanished or damaged since: recover it by evidence
             return
         self.pools.take(jid, kind.pool(data))
         self.driver.resume(jid, outcome.attempt, kind)
 
-    def _when_space(self, what: str, step: Callable[[], None]) -> bool:
-        """Run ``step``, retrying with backoff while the spool's disk is full;
-        ``False`` if a stop signal came first. Other errors propagate."""
-        backoff = diskfull.Backoff(first=self.cfg.daemon.poll_interval)
+    def _start_step(self, what: str, step: Callable[[], None]) -> bool:
+        """Run a start step, again while the spool's disk is full (the hooks' ``step_failed``
+        say so and wait); ``False`` if a stop signal came first. Other errors propagate."""
         while True:
             try:
                 step()
             except OSError as exc:
                 if not diskfull.is_disk_full(exc):
                     raise
-                wait = backoff.next()
-                if backoff.failures == 1:
-                    log.error(
-                        "cannot %s: the spool's disk is full (%s); retrying every %g-%g s until "
-                        "there is space",
-                        what,
-                        diskfull.describe(exc),
-                        backoff.first,
-                        backoff.most,
-                    )
-                if not self._pause(wait, "disk full: waiting for space to " + what):
+                call(self.hooks, "step_failed", self, what, exc)
+                if self.stopping:
                     return False
                 continue
-            if backoff.failures:
-                log.info("the spool's disk has space again; going on")
+            call(self.hooks, "step_done", self, what)
             return True
 
-    def _pause(self, seconds: float, why: str) -> bool:
-        """Sleep ``seconds`` (telling systemd the loop lives); ``False`` if a stop signal came."""
+    def pause(self, seconds: float, why: str) -> bool:
+        """Sleep ``seconds`` (telling the hooks the loop lives); ``False`` if a stop signal came."""
         end = time.monotonic() + seconds
         while not self.stopping:
             call(self.hooks, "waiting", self, why)
@@ -262,43 +241,9 @@ class Daemon:
             self.wake.wait(min(left, 5.0))  # an inotify ring does not end a backoff early
         return False
 
-    def _step_failed(self, exc: Exception) -> None:
-        if diskfull.is_disk_full(exc):
-            if self.disk_full_since is None:
-                self.disk_full_since = time.monotonic()
-                log.error(
-                    "the spool's disk is full (%s): accepting and claiming wait, retrying with backoff up "
-                    "to %.0f s",
-                    diskfull.describe(exc),
-                    self.backoff.most,
-                )
-                try:  # best effort: a heartbeat may still fit, and status shows it
-                    self.heartbeat.beat(active=list(self.slots), state="disk_full")
-                except OSError:
-                    pass
-            self._next_beat = 0.0  # each retry tries to write the heartbeat: the proof of space
-            self._pause(self.backoff.next(), "disk full: " + diskfull.describe(exc))
-            return
-        key = f"{type(exc).__name__}: {exc}"
-        wait = self.backoff.next()
-        if key != self._last_failure:
-            self._last_failure = key
-            log.exception("loop step failed; retrying in %g s", wait)
-        else:  # the same failure again: one line, not another traceback
-            log.error("loop step failed again (%s); retrying in %g s", key, wait)
-        self._pause(wait, f"retrying after: {key}")
-
-    def _step_succeeded(self) -> None:
-        if self.disk_full_since is not None:
-            if not self._beat_written:
-                return  # not proven: nothing in this step needed to write
-            log.info(
-                "the spool's disk has space again after %.0f s; accepting and claiming go on",
-                time.monotonic() - self.disk_full_since,
-            )
-            self.disk_full_since = None
-        self._last_failure = None
-        self.backoff.reset()
+    def beat_soon(self) -> None:
+        """Write the heartbeat in the next step (new limits to show, a proof of space)."""
+        self._next_beat = 0.0
 
     def _probe_filesystem(self) -> str:
         """``spool doctor``'s quick probes at start: log what the spool's filesystem
@@ -333,8 +278,9 @@ class Daemon:
     def _step(self) -> bool:
         """One iteration of the loop; ``False`` when the daemon should exit."""
         self._reap()
-        if self.orphans:
-            self._recover_orphans()
+        if not self.stopping:
+            self.wake.clear()
+        call(self.hooks, "before_step", self)  # policies: orphans, a changed spool.toml
         now = time.monotonic()
         if self.stopping:
             if not self._told_stopping:
@@ -353,8 +299,6 @@ class Daemon:
                 log.info("%s: interrupting %d render(s)", why, len(self.slots))
                 self.interrupt.set()
         else:
-            self.wake.clear()
-            self._check_config()
             self._accept()
             if self.index.backlog or (now >= self._next_scan and self.index.listing_due(now)):
                 self.index.refresh()  # the truth, on a timer: inotify misses other hosts
@@ -367,7 +311,7 @@ class Daemon:
             if self.drain and self._drained():
                 log.info("drained: nothing pending, running or arriving")
                 return False
-        self._beat_written = False
+        self.beat_written = False
         if now >= self._next_beat:
             self.heartbeat.beat(
                 active=[*self.slots, *self.driver.held()],
@@ -378,8 +322,7 @@ class Daemon:
                 quarantined=self.quarantined,
             )
             self._next_beat = now + self.cfg.daemon.heartbeat_interval
-            self._beat_written = True
-            self._tidy_index()
+            self.beat_written = True
             # Journal lines ride on the tree's folder fsyncs; an idle daemon has none, so
             # its last lines are made durable here, within one heartbeat (SPEC 11.9).
             self.journal.commit()
@@ -402,25 +345,15 @@ class Daemon:
                 usage[pool].waiting_reason = gate.reason
         return usage
 
-    def _check_config(self) -> None:
-        """Apply a changed spool.toml (checked every loop; SIGHUP forces a re-read).
-
-        The daemon and ``spool submit`` then judge drops by the same file: a
-        daemon that kept its start-up config accepted what submit rejected."""
-        forced, self._reload_asked = self._reload_asked, False
-        new, line = self.reloader.check(force=forced)
-        if line:
-            (log.info if new is not None or "nothing changed" in line else log.warning)("%s", line)
-        if new is None:
-            return
+    def use_config(self, new: Config) -> None:
+        """Run with a new spool.toml from now on (the ConfigReload policy): running
+        attempts keep what they hold; the heartbeat shows the new limits at once."""
         self.cfg = self.ctx.cfg = new
-        secrets.install_from(new.secrets.env, new.secrets.files)
-        os.umask(new.permissions.umask_bits)
         self.heartbeat.rec.max_active = new.limits.max_active
-        self.pools.capacity = capacities(new)  # running attempts keep what they hold
+        self.pools.capacity = capacities(new)
         self.heartbeat.rec.temp_disk_limit = new.limits.temp_disk_bytes
         self.arrivals.quiet = new.daemon.incoming_quiet
-        self._next_beat = 0.0  # show the new limits now
+        self.beat_soon()
 
     def _accept(self) -> int:
         try:
@@ -533,9 +466,9 @@ class Daemon:
         except BaseException:
             # Claimed or ready but maybe not durable: none starts or is told; recovered by
             # evidence, as at a restart.
-            with self._orphans_lock:
+            with self._lock:
                 for jid in [*(r.job_id for r in ready), *(j for j, _ in claimed)]:
-                    self.orphans[jid] = (time.monotonic(), 1.0)
+                    self.orphans.add(jid)
                     self._finished.add(jid)
                     self._waiting.discard(jid)
             raise
@@ -566,7 +499,7 @@ class Daemon:
         daemon are still running, the first waits up to :data:`COMPANY` seconds for
         them (no-op jobs end within a few milliseconds of each other; a render's
         publish waits at most that long)."""
-        with self._orphans_lock:
+        with self._lock:
             if not self._ready:
                 return []
             age = time.monotonic() - self._ready_since
@@ -592,8 +525,7 @@ class Daemon:
                 outcome = execute.end_attempt(self.ctx, r.job, r.attempt, res)
             except Exception:
                 log.exception("%s: recording the end of attempt %d failed", r.job_id, r.attempt.n)
-                with self._orphans_lock:
-                    self.orphans[r.job_id] = (time.monotonic(), 1.0)
+                self.orphans.add(r.job_id)
                 return
         else:
             outcome = "complete"
@@ -604,7 +536,7 @@ class Daemon:
         """A claim that ended before any thread ran it (quarantined, lost)."""
         slot = Slot(f"job-{jid}")
         slot._done.set()
-        with self._orphans_lock:
+        with self._lock:
             self._finished.add(jid)
         return slot
 
@@ -681,13 +613,12 @@ class Daemon:
             # writing a record) or a bug: the job is still ours in running/, so
             # recover it by evidence from the loop, as a restart would.
             log.exception("%s: attempt ended abnormally; recovering it", jid)
-            with self._orphans_lock:
-                self.orphans[jid] = (time.monotonic(), 1.0)
+            self.orphans.add(jid)
         finally:
             # Say "done" before waking the loop: a thread is still alive for a moment
             # after this, and a loop that waited for is_alive() to turn false would
             # sleep a whole poll interval with a free slot (the benchmark saw it).
-            with self._orphans_lock:
+            with self._lock:
                 self._finished.add(jid)
             self.wake.set()
 
@@ -698,7 +629,7 @@ class Daemon:
         try:
             got = execute.run_to_ready(self.ctx, job, attempt)
             if isinstance(got, Ready):
-                with self._orphans_lock:
+                with self._lock:
                     if not self._ready:
                         self._ready_since = time.monotonic()
                     self._ready.append(got)
@@ -709,72 +640,26 @@ class Daemon:
                 call(self.hooks, "attempt_ended", self, jid, got)
         except Exception:
             log.exception("%s: attempt ended abnormally; recovering it", jid)
-            with self._orphans_lock:
-                self.orphans[jid] = (time.monotonic(), 1.0)
+            self.orphans.add(jid)
         finally:
             if not handed:
-                with self._orphans_lock:
+                with self._lock:
                     self._finished.add(jid)
             self.wake.set()
-
-    def _tidy_index(self) -> None:
-        """Format 2: compact this worker's index segments, or merge all of them, when due
-        (:func:`spool.library.segments.due`), on a thread of its own: off the job path, one at a
-        time. A failure is logged; the segments stay readable as they are."""
-        if self._tidying is not None and self._tidying.is_alive():
-            return
-        try:
-            if formats.writing(self.tree.root) < 2 or (what := segments.due(self.tree, self.worker)) is None:
-                return
-        except Exception:
-            log.exception("looking at the library index's segments failed")
-            return
-
-        def tidy() -> None:
-            try:
-                if what == "merge":
-                    n, jobs = segments.merge(self.tree)
-                    log.info("library index: merged %d segment(s), %d job(s)", n, jobs)
-                else:
-                    n = segments.compact(self.tree, self.worker)
-                    log.info("library index: compacted %d segment(s) of %s into one", n, self.worker)
-            except Exception:
-                log.exception("library index: %s failed; the segments stay as they are", what)
-
-        self._tidying = threading.Thread(target=tidy, name="index-tidy", daemon=True)
-        self._tidying.start()
 
     def _driven_done(self, jid: str, outcome: str) -> None:
         """The driver finished a job: reap it like a slot thread's. One whose ending could
         not be recorded (a full disk, a NAS hiccup) is still ours in running/: recover it
         by evidence from the loop, with backoff, as a slot thread's."""
         call(self.hooks, "attempt_ended", self, jid, outcome)
-        with self._orphans_lock:
+        with self._lock:
             self._finished.add(jid)
             if outcome == "error":
-                self.orphans[jid] = (time.monotonic() + 1.0, 1.0)
+                self.orphans.add(jid, after=1.0)
         self.wake.set()
 
-    def _recover_orphans(self) -> None:
-        """Recover our own running jobs whose attempt thread died, with backoff."""
-        now = time.monotonic()
-        with self._orphans_lock:
-            due = [(j, wait) for j, (when, wait) in self.orphans.items() if when <= now]
-        for jid, wait in due:
-            try:
-                outcome = recover.recover(self.ctx, jid, why="this worker's attempt thread ended abnormally")
-                if outcome is not None:
-                    self.carry_on(outcome)
-            except Exception:
-                log.exception("%s: recovery failed; trying again in %.0f s", jid, wait * 2)
-                with self._orphans_lock:
-                    self.orphans[jid] = (now + wait * 2, min(wait * 2, 300.0))
-                continue
-            with self._orphans_lock:
-                self.orphans.pop(jid, None)
-
     def _reap(self) -> None:
-        with self._orphans_lock:
+        with self._lock:
             finished, self._finished = self._finished, set()
             waiting = set(self._waiting)
         for jid, t in list(self.slots.items()):
@@ -820,8 +705,8 @@ class Daemon:
         signal.signal(signal.SIGHUP, self._on_hangup)
 
     def _on_hangup(self, signum: int, frame: FrameType | None) -> None:
-        # systemctl reload (ExecReload=kill -HUP): re-read spool.toml in the loop.
-        self._reload_asked = True
+        # systemctl reload (ExecReload=kill -HUP): the ConfigReload policy re-reads spool.toml.
+        self.hangups += 1
         self.wake.set()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:

@@ -4,6 +4,16 @@ A hook is a small object with optional callbacks; the loop calls them and
 never knows what they do. Metrics, systemd notifications and the like live
 in hooks, not in ``if``s threaded through the loop. A hook must be cheap and
 must not raise: a failing hook is logged and the daemon carries on.
+
+The policies (:mod:`spoold.policies`) are hooks too, and act on the loop through
+the daemon's named surface, the only part of a ``Daemon`` a hook touches:
+
+* read: ``tree``, ``cfg``, ``ctx``, ``worker``, ``journal``, ``stopping``, ``slots``,
+  ``pools``, ``index``, ``heartbeat``, ``stats``, ``hangups`` (SIGHUPs so far),
+  ``beat_written`` (this step wrote the heartbeat), ``orphans``;
+* set: ``quarantined`` (why this worker claims nothing), ``disk_full_since``;
+* call: ``pause(seconds, why)``, ``beat_soon()``, ``use_config(cfg)``,
+  ``carry_on(outcome)``.
 """
 
 from __future__ import annotations
@@ -25,6 +35,20 @@ class Hook:
     def started(self, daemon: Daemon) -> None:
         """The daemon holds its identity, adopted its jobs and is about to loop
         (main thread, as are ``tick``, ``stopping`` and ``stopped``)."""
+
+    def before_step(self, daemon: Daemon) -> None:
+        """At the start of every loop iteration, before accepting and claiming (main
+        thread; also while stopping: a hook that must not act then looks at
+        ``daemon.stopping``)."""
+
+    def step_failed(self, daemon: Daemon, what: str, exc: Exception) -> None:
+        """A step raised: ``what`` is ``"loop"`` (an iteration) or a start step
+        (``"start"``, ``"recover its own jobs"``: only a full disk reaches here, other
+        errors end the daemon). A hook may ``daemon.pause`` here: the step is retried
+        when the hooks return, unless the daemon is stopping."""
+
+    def step_done(self, daemon: Daemon, what: str) -> None:
+        """A step (as for ``step_failed``) succeeded."""
 
     def tick(self, daemon: Daemon) -> None:
         """Once per loop iteration (at least every poll interval)."""

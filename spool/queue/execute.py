@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import time
 from typing import Any
 
 import msgspec
@@ -28,12 +29,12 @@ import msgspec
 from spool import kinds
 from spool.core.errors import Deferred, Failed, Interrupted, LostOwnership
 from spool.core.faults import crashpoint
-from spool.core.model import BlockEntry, Failure, Interruption, JobBase, ValidationReport, now
+from spool.core.model import Failure, Interruption, JobBase, ValidationReport, now
 from spool.core.secrets import redact
 from spool.disk import formats
 from spool.disk.tree import HOST, transfer
 from spool.kinds.base import Produced
-from spool.queue import blocklist, cancel, quarantine, retry
+from spool.queue import blocklist, cancel, endings, quarantine, retry
 from spool.queue.attempt import Attempt, drop_partial, open_attempt, write_failure
 from spool.queue.context import Context
 from spool.queue.events import Journal
@@ -237,75 +238,23 @@ def _move(ctx: Context, job_id: str, to: str) -> bool:
 
 
 def _fail(ctx: Context, job: JobBase, attempt: Attempt, f: Failed) -> str:
-    """Record the failure in the attempt, then move the job: to ``failed/``; back to
-    ``pending/`` after a delay (a retryable failure while attempts remain); or, for
-    a host-class failure, back to ``pending/`` at once for another worker, with this
-    worker on the job's blocklist (:mod:`spool.queue.blocklist`).
+    """Record the failure in the attempt, then move the job as the policy table
+    (:mod:`spool.queue.endings`) decides: to ``failed/``; back to ``pending/`` after a
+    delay (a retryable failure while attempts remain); or, for a host-class failure,
+    back to ``pending/`` at once for another worker, with this worker on the job's
+    blocklist (:mod:`spool.queue.blocklist`). The record's next action says which.
 
-    The record's next action says which of these happens.
-    """
-    if f.fault == "host":
-        return _host_fault(ctx, job, attempt, f)
-    limits = ctx.cfg.limits
-    used = retry.claims_made(ctx.tree, job.job_id) if f.retryable else 0  # one look at the attempts
-    retrying = f.retryable and used < limits.max_attempts
-    if f.retryable:
-        f.next_action = f"{f.next_action} " + (
-            f"spool retries the job by itself (attempt {used + 1} of {limits.max_attempts})."
-            if retrying
-            else f"All {limits.max_attempts} attempts are used, so it is not retried by itself: "
-            f"then run spool retry {job.job_id}."
-        )
+    The order of writes is fixed here, whatever the policy: the block entry, the
+    failure record, the delay, then the move."""
+    ending = endings.decide(ctx, job, attempt, f)
+    if ending.block is not None:
+        blocklist.add(ctx.tree, ending.block)
+        crashpoint("after_blocklist")
+    f.message, f.log_excerpt, f.next_action = ending.message, ending.log_excerpt, ending.next_action
     failure = _record(ctx, job, attempt, f)
-    what = f"{failure.stage}: {failure.property}"
-    if retrying:
-        wait = retry.schedule(ctx.tree, job.job_id, ctx.cfg.recovery, attempt.n, what)
-        return _end(ctx, job, attempt, failure, "pending", "retry", f"retry in {wait:.0f} s after {what}")
-    return _end(ctx, job, attempt, failure, "failed", "failed", what)
-
-
-def _host_fault(ctx: Context, job: JobBase, attempt: Attempt, f: Failed) -> str:
-    """This host, not the job: block this worker from the job, then move it on, or fail
-    it with every blocked worker's evidence when it cannot move on (blocklist.verdict)."""
-    tree, cfg = ctx.tree, ctx.cfg
-    entry = BlockEntry(
-        job_id=job.job_id,
-        worker=ctx.worker,
-        host=HOST,
-        attempt=attempt.n,
-        property=f.property,
-        message=redact(f.message),
-        log_excerpt=[redact(x) for x in f.log_excerpt],
-        at=now(),
-    )
-    blocklist.add(tree, entry)
-    crashpoint("after_blocklist")
-    blocked = blocklist.entries(tree, job.job_id)
-    others = blocklist.other_workers(tree, job.job_id, ctx.worker, cfg.recovery.stale_after)
-    v = blocklist.verdict(
-        blocked,
-        others,
-        retry.claims_made(tree, job.job_id),
-        cfg.limits.max_attempts,
-        cfg.health.fail_after_workers,
-    )
-    if v.fail:
-        f.message = f"{f.message}; failed as the job's fault: {v.why}"
-        f.log_excerpt = [f"{e.worker} (attempt {e.attempt}): {e.message}" for e in blocked] + f.log_excerpt
-        f.next_action = (
-            f"{f.next_action} Every blocked worker's evidence is in attempts/{job.job_id}/blocked-*.json; "
-            f"after fixing the hosts (or the job), run spool retry {job.job_id}."
-        )
-        failure = _record(ctx, job, attempt, f)
-        return _end(
-            ctx, job, attempt, failure, "failed", "host-failed", f"{failure.stage}: {failure.property}"
-        )
-    f.next_action = (
-        f"{f.next_action} Nothing to do for the job: {v.why}, and this worker will not claim it again."
-    )
-    failure = _record(ctx, job, attempt, f)
-    what = f"{failure.stage}: {failure.property} on {ctx.worker} (host-class)"
-    return _end(ctx, job, attempt, failure, "pending", "blocked", what)
+    if ending.delay > 0:
+        retry.delay_until(ctx.tree, job.job_id, time.time() + ending.delay, attempt.n, ending.delay_reason)
+    return _end(ctx, job, attempt, failure, ending.to, ending.outcome, ending.what)
 
 
 def _record(ctx: Context, job: JobBase, attempt: Attempt, f: Failed) -> Failure:
