@@ -191,6 +191,63 @@ def test_fsck_reports_empty_records_and_mends_what_the_tree_proves(published):
     assert json.loads(run_cli("fsck", "--json", spool=tree).stdout) == {"clean": True, "problems": []}
 
 
+def test_a_slot_attempt_leaves_its_job_folder_unsynced_and_every_durable_record_syncs_it(tree, monkeypatch):
+    """Format 2's claim: a slot kind's attempt (``durable=False``) costs no fsync of
+    ``attempts/J/``; an attempt opened durably (a generation's, recovery's) and every
+    durable record written into any attempt (how a failure, an interruption, a deferral
+    end it) fsync that folder, so the attempt's name is on disk before the job moves on."""
+    from spool.core.model import Failure, now
+    from spool.queue import attempt as attempt_mod
+
+    synced: list[Path] = []
+    real = attempt_mod.fsync_dir
+    monkeypatch.setattr(attempt_mod, "fsync_dir", lambda p: (synced.append(Path(p)), real(p)))
+    slot = attempt_mod.open_attempt(tree, "s@1", "w1", durable=False)
+    assert tree.job_attempts("s@1") not in synced
+    failure = Failure(job_id="s@1", attempt=slot.n, stage="render", property="exit", message="exit 1",
+                      next_action="retry", worker="w1", failed_at=now())  # fmt: skip
+    attempt_mod.write_failure(slot, failure)
+    assert synced == [tree.job_attempts("s@1")]
+    synced.clear()
+    attempt_mod.open_attempt(tree, "g@1", "w1", durable=True)
+    assert synced == [tree.job_attempts("g@1")]
+
+
+def test_fsck_makes_again_the_attempt_folder_and_frozen_copy_a_cut_took(published):
+    """Format 2 fsyncs ``attempts/J/`` at no step of a slot job that completes: a cut may
+    take the publishing attempt's folder and the frozen copy's name. The manifest is the
+    attempt's durable record: show says published from it, and fsck makes both again."""
+    import shutil
+
+    import invariants
+
+    tree, (jid, other) = published
+    if formats.read(tree.root) == 1:
+        pytest.skip("format 1 fsyncs attempts/J/ when it opens the attempt")
+    m = read(tree.manifest_file(jid), Manifest)
+    adir, copy = tree.attempt_dir(jid, m.attempt), tree.job_attempts(jid) / "job.json"
+    shutil.rmtree(adir)
+    copy.unlink()
+    _age(tree.job_file("complete", jid))
+    out = json.loads(run_cli("show", jid, "--json", spool=tree, check=True).stdout)
+    (attempt,) = out["attempts"]
+    assert attempt["n"] == m.attempt and attempt["outcome"] == "published" and attempt["worker"] == "w1"
+    assert "lost in a power cut" in attempt["damaged"]["folder"]
+    assert "published" in run_cli("show", jid, spool=tree, check=True).stdout
+    r = run_cli("fsck", "--no-repair", "--json", spool=tree)
+    assert r.returncode != 0
+    found = {p["path"]: p for p in json.loads(r.stdout)["problems"]}
+    assert found[tree.relative(adir)]["invariant"] == 9 and found[tree.relative(copy)]["invariant"] == 9
+    assert invariants.check(tree.root) == [f"invariant 9: {jid} is complete without a record of attempt 1"]
+    assert run_cli("fsck", "--json", spool=tree).returncode == 0
+    rec = read(adir / "attempt.json", AttemptRecord)
+    assert rec is not None and rec.worker == "w1" and rec.result == m and "manifest" in rec.rewritten
+    assert os.path.samefile(copy, tree.job_file("complete", jid))  # the job file's second name again
+    assert json.loads(run_cli("fsck", "--json", spool=tree).stdout) == {"clean": True, "problems": []}
+    assert invariants.check(tree.root) == []
+    assert read(tree.attempt_dir(other, 1) / "attempt.json", AttemptRecord) is not None  # untouched
+
+
 def test_fsck_only_reports_a_damaged_record_that_was_fsynced_before_use(published):
     tree, (jid, _) = published
     if formats.read(tree.root) == 2:

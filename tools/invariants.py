@@ -130,6 +130,15 @@ def check(root: Path, *, settled: bool = True) -> list[str]:
                 srcs = {s["role"]: s["sha256"] for s in job["sources"]}
                 if {s["role"]: s["sha256"] for s in r["sources"]} != srcs:
                     problems.append(f"invariant 5: {jid} attempt {n} used different sources")
+        if "complete" in states and settled and job is not None:
+            # SPEC 11.9: a complete job keeps a readable record of the attempt that published
+            # it (after fsck: its attempt.json, made again from the manifest if a cut took it).
+            try:
+                published = json.loads((manifests / f"{jid}.json").read_text())["attempt"]
+            except (OSError, ValueError, KeyError):
+                published = None
+            if published and not _readable(adir / str(published) / "attempt.json"):
+                problems.append(f"invariant 9: {jid} is complete without a record of attempt {published}")
         if "failed" in states:
             has_failure = any((adir / str(n) / "failure.json").is_file() for n in nums)
             if not has_failure:
@@ -225,6 +234,13 @@ def _dependencies(root: Path, where: dict[str, list[str]], settled: bool) -> lis
                 if used.get(u["role"]) != u["sha256"]:
                     out.append(f"invariant 12: {jid} was published from another {u['role']} than {u['job']}")
     return out
+
+
+def _readable(path: Path) -> bool:
+    try:
+        return isinstance(json.loads(path.read_text()), dict)
+    except (OSError, ValueError):
+        return False
 
 
 def _staged(attempt: Path) -> dict | None:

@@ -1,7 +1,7 @@
 """The power-loss run: the torture run on a LazyFS mount, where a kill is a power cut.
 
     tools/powerloss [--jobs N] [--cuts K] [--generate G] [--workers W] [--seed S]
-                    [--keep DIR] [--json]
+                    [--keep-names] [--keep DIR] [--json]
 
 SIGKILL leaves the page cache intact; a machine that loses power does not.
 Here the spool lives on a LazyFS mount (tools/lazyfs.py) and each of the K
@@ -12,7 +12,11 @@ start the daemons (some lives with a ``SPOOL_CRASH_AT`` crash point); then, at
 a random moment or the moment a daemon dies at its crash point, cut the power:
 SIGKILL every spool process (daemons, FFmpeg, submitters) and drop every write
 LazyFS holds that was not fsynced, then mount afresh (a LazyFS that died under
-load is mounted again the same way).
+load is mounted again the same way). LazyFS loses file data only (a name
+goes through at once), so the run then takes away, at random, the names a
+real filesystem may lose that spool never fsyncs the folder of (format 2: a
+slot job's attempt folder and frozen copy in ``attempts/J/``; ``--keep-names``
+leaves them).
 
 After each cut, before anything restarts, it checks what a reader finds
 (SPEC 11, invariant 9): every acknowledged submission (``spool submit``
@@ -190,11 +194,42 @@ class Run:
         if not self.lazy.cut():
             self.f["lazyfs_died"] += 1
         self.f["cuts"] += 1
+        if not self.args.keep_names:
+            self._lose_names()
         after = _journal_lines(self.spool)
         lost = sum(max(0, n - after.get(f, 0)) for f, n in before.items())
         self.f["journal_lines_before_cuts"] += sum(before.values())
         self.f["journal_lines_lost"] += lost
         self.lines_lost_max = max(self.lines_lost_max, lost)
+
+    def _lose_names(self) -> None:
+        """What LazyFS cannot do: lose a name whose folder was never fsynced (LazyFS loses
+        file data only; names go through at once). Format 2 fsyncs ``attempts/J/`` at no
+        step of a slot job that completes or is cut while running: its latest attempt's
+        folder and, before any attempt's ending synced that folder, the frozen copy's name
+        may be gone after a real power cut. So, for each job whose ``attempts/J/`` holds
+        only that (no record beside the attempts: a delay, a recovery, a retry mark; no
+        generation, no attempt opened by recovery or cancel; the latest attempt with no
+        durable ending record), each of the two names goes with probability 1/2."""
+        root = self.spool / "attempts"
+        for jdir in sorted(root.iterdir()) if root.is_dir() else []:
+            names = [n for n in os.listdir(jdir) if not n.startswith(".")]
+            if any(n != "job.json" and not n.isdigit() for n in names):
+                continue  # a record beside the attempts fsynced attempts/J/ after them
+            nums = sorted(int(n) for n in names if n.isdigit())
+            if nums:
+                last = jdir / str(nums[-1])
+                if any((last / r).exists() for r in ("gen", "failure.json", "interrupted.json")):
+                    continue  # opened durably (a generation) or ended by a durable record
+                rec = read(last / "attempt.json", AttemptRecord)
+                if rec is not None and rec.reason != "claim":
+                    continue  # recovery's or cancel's attempt: opened durably
+                if self.rng.random() < 0.5:
+                    shutil.rmtree(last)
+                    self.f["names_lost_attempt_folders"] += 1
+            if "job.json" in names and len(nums) <= 1 and self.rng.random() < 0.5:
+                (jdir / "job.json").unlink()
+                self.f["names_lost_frozen_copies"] += 1
 
     def _after_cut(self) -> None:
         """What a reader finds right after the cut, before anything restarts."""
@@ -456,6 +491,8 @@ def _repair_kind(p: dict[str, Any]) -> str:
             if p.get("repair") == "write it again"
             else "fsck_records_set_aside"
         )
+    if problem.startswith("missing:"):
+        return "fsck_names_restored"
     if "record is" in problem:
         return "fsck_records_set_aside"
     return "fsck_other_repairs"
@@ -550,7 +587,10 @@ def _figures(r: Run, wall: float) -> dict[str, Any]:
         "fsck_result_records_rewritten": r.f["fsck_result_records_rewritten"],
         "fsck_records_set_aside": r.f["fsck_records_set_aside"],
         "fsck_journal_lines_rebuilt": r.f["fsck_journal_lines_rebuilt"],
+        "fsck_names_restored": r.f["fsck_names_restored"],
         "fsck_other_repairs": r.f["fsck_other_repairs"],
+        "names_lost_attempt_folders": r.f["names_lost_attempt_folders"],
+        "names_lost_frozen_copies": r.f["names_lost_frozen_copies"],
         "wall_seconds": round(wall, 1),
         "details": r.details,
     }
@@ -571,6 +611,11 @@ def main() -> int:
     ap.add_argument("--max-attempts", type=int, default=10)
     ap.add_argument(
         "--timeout", type=float, default=120.0, help="seconds allowed for each drain (then: is LazyFS hung?)"
+    )
+    ap.add_argument(
+        "--keep-names",
+        action="store_true",
+        help="do not also lose the names format 2 never fsyncs the folder of (see Run._lose_names)",
     )
     ap.add_argument("--keep", help="build everything here and keep it")
     ap.add_argument("--json", action="store_true")
@@ -602,7 +647,9 @@ def main() -> int:
             f"{f['reader_calls']} journal_lines_lost={f['journal_lines_lost']} (max "
             f"{f['journal_lines_lost_max_per_cut']}/cut, rebuilt {f['journal_lines_rebuilt']}) "
             f"result_records_rewritten={f['fsck_result_records_rewritten']} "
-            f"records_set_aside={f['fsck_records_set_aside']} fsck_problems={f['fsck_problems']} "
+            f"records_set_aside={f['fsck_records_set_aside']} names_lost="
+            f"{f['names_lost_attempt_folders']}+{f['names_lost_frozen_copies']} (restored "
+            f"{f['fsck_names_restored']}) fsck_problems={f['fsck_problems']} "
             f"independent_problems={f['independent_problems']} wall={f['wall_seconds']}s"
         )
         if not f["clean"]:

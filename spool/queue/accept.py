@@ -207,7 +207,9 @@ def commit(tree: Tree, job: Job, data: bytes | None = None) -> Path:
         # durable with the job file's own fsync (and its mode: a job file stays a record
         # others may replace by rename, group-writable on a shared spool; an edit in place
         # is caught by its recipe_hash wherever it is read). The copy's name is durable
-        # with the first attempt's number (the claim batch fsyncs attempts/J/).
+        # with the next fsync of attempts/J/ (a durable attempt record, a delay or a
+        # recovery record); a cut before one may lose it, and spool fsck links it again
+        # from the job file (spool.repair.lostwrites.lost_names).
         try:
             write_atomic(dest, data, replace=False)
         except FileExistsError:

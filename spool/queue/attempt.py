@@ -3,9 +3,10 @@
 An attempt folder is born whole: it is assembled under a hidden name
 (``attempt.json`` written, ``work/`` created) and renamed to its number, so
 every visible attempt has its record. The rename also makes the number
-exclusive: renaming onto an existing non-empty ``<n>`` fails. Then
-``attempts/<job_id>/`` is fsynced: the number, once seen, is never given again
-(and the job's frozen copy there is durable).
+exclusive: renaming onto an existing non-empty ``<n>`` fails. Then, for an
+attempt opened durably (format 1; a driven kind's, which writes durable states
+into it; recovery's and cancel's), ``attempts/<job_id>/`` is fsynced: the number,
+once seen, is never given again (and the job's frozen copy there is durable).
 
 Inside: ``attempt.json`` (who and when), ``work/`` (the only place a partial
 output may exist), ``ffmpeg.log``, ``progress.json``, and at the end the staged
@@ -15,13 +16,19 @@ short. No worker writes into another's attempt, and recovery never deletes or
 rewrites one.
 
 Durability (:mod:`spool.disk.formats`): format 1 fsyncs ``attempt.json`` and the
-staging folder before the rename. Format 2 does not for an attempt opened
-``durable=False`` (a slot kind's, opened by the daemon's claim batch): nothing
-relies on its record until it ends, and its ending is durable elsewhere (the
-manifest names the publishing attempt with its identity; ``failure.json`` and
-``interrupted.json`` are fsynced before the job moves). A power cut may leave
-such a record empty; readers say unknown and ``spool fsck`` writes it again from
-what the tree proves (:mod:`spool.repair.lostwrites`).
+staging folder before the rename. Format 2 fsyncs none of the three for an attempt
+opened ``durable=False`` (a slot kind's, opened by the daemon's claim batch):
+nothing relies on the attempt until it ends, and every ending is durable
+elsewhere or makes it durable. A complete job's manifest names the publishing
+attempt with its identity; every durable record written into an attempt
+(``failure.json``, ``interrupted.json``) fsyncs ``attempts/<job_id>/`` as well as
+its own folder, as does every record beside the attempts (``delay.json``,
+``recovery-<n>.json``, retry marks), so the attempt's name is durable before the
+job moves on. A power cut may empty such a record, or lose the attempt's folder
+(and the frozen copy's name) outright; readers say unknown or read the manifest,
+a job still running is recovered as a claim that opened no attempt, and ``spool
+fsck`` writes the record or the folder again from what the tree proves
+(:mod:`spool.repair.lostwrites`).
 """
 
 from __future__ import annotations
@@ -63,9 +70,13 @@ class Attempt:
         return self.dir / "progress.json"
 
     def record(self, name: str, rec: Record, *, durable: bool = True) -> Path:
-        """Write one of this attempt's record files atomically."""
+        """Write one of this attempt's record files atomically. A durable one is durable
+        by its whole path: ``attempts/<job_id>/`` is fsynced too, since an attempt opened
+        ``durable=False`` may not have its own name on disk yet."""
         path = self.dir / name
         write_atomic(path, encode(rec), durable=durable)
+        if durable:
+            fsync_dir(self.dir.parent)
         return path
 
 
@@ -73,9 +84,9 @@ def open_attempt(
     tree: Tree, job_id: str, worker: str, reason: str = "claim", *, durable: bool = True
 ) -> Attempt:
     """Create the next attempt folder for a job this worker owns. ``durable=False``:
-    the record and the staging folder are not fsynced (format 2's slot attempts; see
-    the module docstring); ``attempts/<job_id>/`` always is (inside a group-commit
-    batch, at its end)."""
+    neither the record, the staging folder nor ``attempts/<job_id>/`` is fsynced
+    (format 2's slot attempts; see the module docstring); ``durable=True``: all three
+    (``attempts/<job_id>/`` inside a group-commit batch at its end)."""
     parent = tree.job_attempts(job_id)
     make_dirs(parent)
     staging = parent / f".new.{HOST}.{os.getpid()}.{secrets.token_hex(4)}"
@@ -107,7 +118,8 @@ def open_attempt(
                 raise
             n += 1
             rec = msgspec.structs.replace(rec, n=n)
-    fsync_dir(parent)
+    if durable:
+        fsync_dir(parent)
     return Attempt(tree, job_id, n)
 
 

@@ -192,10 +192,13 @@ def attempt_summary(
         "progress.json": Progress,
     }
     got = {name: read(d / name, typ) for name, typ in types.items()}
+    lost = not d.is_dir()  # only the attempt a complete job's manifest names gets here
     # Only a record that did not read is looked at again: missing (None) or damaged.
     broken = {
         name: why for name, typ in types.items() if got[name] is None and (why := damage(d / name, typ))
     }
+    if lost:
+        broken["folder"] = "missing (lost in a power cut; its manifest records it; spool fsck makes it again)"
     rec, failure, progress = (got[k] for k in ("attempt.json", "failure.json", "progress.json"))
     # The staged result: format 2 keeps it in attempt.json, format 1 in result.json.
     result = rec.result if rec is not None and rec.result is not None else got["result.json"]
@@ -243,6 +246,10 @@ def show(tree: Tree, job_id: str) -> dict[str, Any] | None:
     job, loc = found
     manifest = read(tree.manifest_file(job_id), Manifest)
     numbers = attempt_numbers(tree, job_id)
+    if loc.state == "complete" and manifest is not None and manifest.attempt not in numbers:
+        # Format 2: a power cut may take the publishing attempt's folder (its name was
+        # never fsynced at claim); the manifest is its durable record (SPEC 11.9).
+        numbers = sorted([*numbers, manifest.attempt])
 
     def state_of(n: int) -> str | None:
         """The job's state as it bears on attempt ``n``: the one the manifest of a

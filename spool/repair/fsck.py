@@ -32,7 +32,10 @@ Deterministic repairs:
   attempt's empty ``result.json`` written again from its manifest; empty or
   torn hints (progress, heartbeats, enrichment, poster frames) set aside as
   ``.<name>.damaged``; a journal that does not tell a job's ``complete``,
-  ``failed`` or acceptance gets a line marked ``rebuilt``.
+  ``failed`` or acceptance gets a line marked ``rebuilt``; in a format 2 tree, the
+  folder of the attempt a complete job's manifest names, lost with its name, made
+  again with its record from the manifest, and a lost frozen copy linked again
+  from the job file.
 
 Everything else is reported: a manifest that does not match its store file,
 a store object that does not hash to its name, a failed job without a
@@ -119,6 +122,7 @@ def check(
                 problems.append(p)
         if loc.state in ("complete", "failed"):
             problems += _generations_left(tree, jid)
+        problems += _lost_names(tree, jid, loc, repair, settle)
         problems += _attempt_records(tree, jid)
     problems += _damaged(tree, repair)
     problems += _in_no_state(tree, repair, verify_hashes)
@@ -164,6 +168,27 @@ def _lost_writes(tree: Tree, repair: bool, settle: float | None) -> list[Problem
         )  # fmt: skip
     if repair and gaps:
         lostwrites.rebuild(tree, gaps, Journal(tree, cli_writer()))
+    return out
+
+
+def _lost_names(tree: Tree, jid: str, loc: Location, repair: bool, settle: float | None) -> list[Problem]:
+    """Names of ``attempts/J/`` a power cut took (format 2 does not fsync that folder at
+    claim): made again from what the tree proves (:func:`lostwrites.lost_names`)."""
+    from spool.repair import lostwrites
+
+    wait = lostwrites.SETTLE if settle is None else settle
+    out = []
+    for lost in lostwrites.lost_names(tree, jid, loc.state, loc.path, wait):
+        fix = (
+            "make the folder again with its attempt.json written from the manifest"
+            if lost.what == "attempt"
+            else f"link it again from {_rel(tree, loc.path)}"
+        )
+        prob = Problem(9, _rel(tree, lost.path), f"missing: {lost.why}", fix)
+        if repair:
+            lostwrites.restore_name(lost)
+            prob.repaired = True
+        out.append(prob)
     return out
 
 

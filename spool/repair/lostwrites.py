@@ -16,6 +16,12 @@ anyway; this module is how ``spool fsck`` keeps that promise:
   "unknown" instead of an empty file and the writer makes a new one. Records
   that are fsynced before anything relies on them (attempt, failure, recovery
   records...) are only reported: a damaged one is not a power cut's doing.
+* :func:`lost_names`: names format 2 does not fsync the folder of (a slot kind's
+  attempt folder and the job's frozen copy, both in ``attempts/J/``, made durable
+  only by a later fsync of that folder: any durable record an attempt's ending
+  writes): the attempt folder a complete job's manifest names, made again with
+  its record written from the manifest; a frozen copy linked again from the job
+  file (the same inode by construction).
 * :func:`journal_gaps`: jobs in ``complete/`` or ``failed/`` whose last journal
   line about a queue state says otherwise (the line telling the transition
   was lost: written after the transition, it becomes durable only with the next
@@ -40,7 +46,7 @@ from spool.core.model import Manifest, encode
 from spool.disk import formats
 from spool.disk.records import damaged as damage
 from spool.disk.records import read
-from spool.disk.tree import Tree, visible_names, write_atomic
+from spool.disk.tree import NO_LINKS, Tree, fsync_dir, make_dirs, visible_names, write_atomic
 
 #: Seconds a file must have been left alone before it is judged (a writer may be at work).
 SETTLE = 5.0
@@ -183,6 +189,72 @@ def attempt_record(jid: str, n: int, adir: Path, manifest: Manifest | None) -> t
     return f"lost in a power cut (never fsynced): rewritten from {source}", encode(rec)
 
 
+@dataclass(frozen=True)
+class LostName:
+    """A name a power cut took from ``attempts/<job>/`` that the tree proves: ``what`` is
+    ``attempt`` (the folder of the attempt the manifest names; ``data`` its record) or
+    ``copy`` (the frozen copy; ``source`` the job file it is a second name of)."""
+
+    job_id: str
+    what: str
+    path: Path
+    why: str
+    data: bytes = b""
+    source: Path | None = None
+
+
+def lost_names(tree: Tree, job_id: str, state: str, job_file: Path, settle: float = SETTLE) -> list[LostName]:
+    """The names of ``attempts/<job_id>/`` a power cut took from a settled job in
+    ``state`` (format 2 only: format 1 fsyncs that folder before anything relies on it).
+    A complete job's published attempt comes back from its manifest (who, when, the
+    staged result: the record fsck would write for an emptied ``attempt.json``); a
+    missing frozen copy comes back as the job file's second name."""
+    try:
+        if formats.read(tree.root) < 2:
+            return []
+    except formats.Unreadable:
+        return []
+    if not _settled(job_file, time.time(), settle):
+        return []
+    out = []
+    jdir = tree.job_attempts(job_id)
+    if state == "complete":
+        m = read(tree.manifest_file(job_id), Manifest)
+        if m is not None and m.job_id == job_id and m.attempt > 0:
+            adir = tree.attempt_dir(job_id, m.attempt)
+            if not adir.exists():
+                _, data = attempt_record(job_id, m.attempt, adir, m)
+                why = "the folder of the attempt its manifest names was lost in a power cut"
+                out.append(LostName(job_id, "attempt", adir, why, data))
+    from spool.queue.accept import JOB_COPY
+
+    copy = jdir / JOB_COPY
+    if not copy.exists() and job_file.is_file():
+        why = "its frozen copy's name was lost in a power cut (format 2: a second name of the job file)"
+        out.append(LostName(job_id, "copy", copy, why, source=job_file))
+    return out
+
+
+def restore_name(lost: LostName) -> None:
+    """Make a lost name again, durably (its folder fsynced)."""
+    if lost.what == "attempt":
+        make_dirs(lost.path / "work")
+        write_atomic(lost.path / "attempt.json", lost.data)
+    else:
+        assert lost.source is not None
+        make_dirs(lost.path.parent)
+        try:
+            os.link(lost.source, lost.path)
+        except FileExistsError:
+            return
+        except OSError as exc:
+            if exc.errno not in NO_LINKS:
+                raise
+            # No hard links on this filesystem: a copy of its own, as acceptance makes.
+            write_atomic(lost.path, lost.source.read_bytes(), mode=0o444)
+    fsync_dir(lost.path.parent)
+
+
 def mend(d: Damaged) -> None:
     """Apply ``d``'s repair (never for a report-only one)."""
     if d.action == "rewrite":
@@ -298,4 +370,14 @@ def rebuild(tree: Tree, gaps: list[Gap], journal: Any) -> None:
         )
 
 
-__all__ = ["Damaged", "Gap", "damaged_records", "journal_gaps", "mend", "rebuild"]
+__all__ = [
+    "Damaged",
+    "Gap",
+    "LostName",
+    "damaged_records",
+    "journal_gaps",
+    "lost_names",
+    "mend",
+    "rebuild",
+    "restore_name",
+]

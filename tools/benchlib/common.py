@@ -175,6 +175,53 @@ def pair_ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:
     return [x / y for x, y in zip(a, b, strict=True) if y > 0]
 
 
+def fsync_probe(folder: Path, n: int = 9) -> float:
+    """The filesystem's fsync latency right now, in ms: the median of ``n`` rounds of
+    (write a small file, fsync it, fsync its folder) in ``folder``. Taken before each run
+    of a disk-bound measure, so a pair of runs can be judged comparable: the machines
+    are shared, and another engineer's suite can make every fsync 10x slower for a while,
+    which slows a system that does nothing but fsync (the raw limit, huey) far more
+    than one that is bound by other work."""
+    times = []
+    path = folder / ".fsync-probe"
+    dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, b"probe")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.fsync(dfd)
+            times.append((time.perf_counter() - t0) * 1000)
+    finally:
+        os.close(dfd)
+        path.unlink(missing_ok=True)
+    return statistics.median(times)
+
+
+#: Two runs whose fsync probes differ by more than this factor are not compared.
+PROBE_SPREAD = 2.0
+
+
+def comparable_ratios(
+    a: Sequence[float], b: Sequence[float], probe_a: Sequence[float], probe_b: Sequence[float]
+) -> tuple[list[float], int]:
+    """a[i] / b[i] for the rounds whose two runs saw the same fsync latency (probes within
+    :data:`PROBE_SPREAD` of each other), and how many rounds were left out. When no round
+    qualifies every pair is returned (and the count says so): a row is never empty."""
+    keep = [
+        x / y
+        for x, y, p, q in zip(a, b, probe_a, probe_b, strict=True)
+        if y > 0 and max(p, q) <= PROBE_SPREAD * min(p, q)
+    ]
+    if not keep:
+        return pair_ratios(a, b), len(a)
+    return keep, len(a) - len(keep)
+
+
 def interleave(rounds: int, runners: dict[str, Callable[[], T]]) -> dict[str, list[T]]:
     """Run every runner once per round (A B C, B C A, C A B, ...): pairs share a round."""
     names = list(runners)
