@@ -560,8 +560,9 @@ class Daemon:
         opened: dict[str, tuple[JobBase, Attempt] | quarantine.Damaged | None] | None = None,
     ) -> None:
         """Claim into free slots (inside the caller's batch). ``opened`` (format 2): each
-        claim of a slot kind is checked and its attempt opened here, so the batch's
-        fsyncs make the attempt's number (and the job's frozen copy) durable too."""
+        claim of a slot kind is checked and its attempt opened here, inside the batch, without
+        an fsync of ``attempts/J/`` of its own: what a power cut takes of it (the attempt's
+        folder, the frozen copy's name) fsck restores from the manifest and the job file."""
         for jid in self.index.ordered():
             if self.stopping or self.pools.full():
                 break
