@@ -13,8 +13,14 @@ the app is built on first use (``from spool.cli import app`` still works).
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TYPE_CHECKING, Any
+
+from spool.cli.fast import parse
+from spool.cli.plain import echo, guard_output
+from spool.core import secrets
+from spool.core.errors import EXIT_ERROR, SpoolError
 
 if TYPE_CHECKING:
     import typer
@@ -45,8 +51,6 @@ def __getattr__(name: str) -> Any:
 
 def main() -> None:
     """``spool``: a command scripts call in loops runs at once; the rest through typer."""
-    from spool.cli.fast import parse
-
     _run(parse(sys.argv[1:]) or (lambda: _app()()))
 
 
@@ -57,9 +61,6 @@ def typer_main() -> None:
 
 def _run(command: Any) -> None:
     """Run one command with output masked; what it did not catch is one line."""
-    from spool.cli.plain import echo, guard_output
-    from spool.core import secrets
-    from spool.core.errors import EXIT_ERROR, SpoolError
 
     secrets.install_from((), ())  # the environment's secrets; each command adds its config's
     guard_output()
@@ -70,8 +71,6 @@ def _run(command: Any) -> None:
         echo(f"spool: {exc}", err=True)
         sys.exit(exc.exit_code)
     except BrokenPipeError:  # `spool ls | head -1`: what click does, quietly exit 1
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(EXIT_ERROR)
     except OSError as exc:  # a file the command could not read or write: one line, no traceback

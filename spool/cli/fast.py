@@ -19,6 +19,8 @@ in, never a second implementation.
 from __future__ import annotations
 
 import os
+import re
+import stat
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -35,7 +37,8 @@ from spool.cli.plain import (
     unsecret,
 )
 from spool.core.errors import EXIT_INVALID, InvalidInput, NotFound, SpoolError
-from spool.core.printable import printable, printable_all
+from spool.core.printable import printable, printable_all, unsafe
+from spool.queue import status as queue_status
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -92,8 +95,6 @@ def status(spool: Path | None, as_json: bool, exact: bool = False) -> None:
 
 def ls(state: str | None, spool: Path | None, as_json: bool) -> None:
     """``spool ls``: job IDs by listing the state folders (no job file is read)."""
-    from spool.core.printable import unsafe
-    from spool.queue import status
 
     try:
         tree = open_tree(spool)
@@ -103,7 +104,7 @@ def ls(state: str | None, spool: Path | None, as_json: bool) -> None:
         raise fail(exc, as_json) from None
     # Sorted job IDs per state; running/ is per worker: (job ID, worker) pairs there.
     found: list[tuple[str, list[Any]]] = [
-        (s, sorted(status.job_ids(tree, s) if s == "running" else status.job_names(tree, s)))
+        (s, sorted(queue_status.job_ids(tree, s) if s == "running" else queue_status.job_names(tree, s)))
         for s in ([state] if state else LS_STATES)
     ]
     if as_json:
@@ -207,8 +208,6 @@ def submit(files: list[Path], spool: Path | None, as_json: bool) -> None:
 
 def unreadable(path: Path) -> SpoolError | None:
     """Why the submitter's own file cannot be submitted at all, if it cannot."""
-    import stat
-
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -235,8 +234,6 @@ def search(
 ) -> None:
     """``spool search``: current asset versions by tags and enrichment; every hit's
     store file exists."""
-    import re
-
     from spool.library import catalog, enrich
 
     tree, cfg = open_spool(spool, as_json)

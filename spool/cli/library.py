@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -9,10 +10,11 @@ import typer
 
 from spool.cli import fast
 from spool.cli.common import JsonOpt, SpoolOpt, app, echo, fail, open_spool, print_json, printable
+from spool.cli.views import human_bytes
 from spool.core.errors import InvalidInput, SpoolError
 from spool.core.model import JOB_ID_RE
 from spool.disk.tree import Tree
-from spool.library import catalog, enrich, index, indexpaths
+from spool.library import catalog, enrich, index, indexpaths, segments
 from spool.library.index import NAME_RE
 
 
@@ -142,8 +144,6 @@ def index_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Check the library index against the manifests (--rebuild repairs it)."""
-    from spool.library import segments
-
     tree, cfg = open_spool(spool, as_json)
     merged = segments.merge(tree) if merge else (0, 0)
     findings = index.check(tree, cfg.acceptance.required_tags, repair=rebuild)
@@ -258,10 +258,6 @@ def adopt_cmd(
 
 def _progress(stream: Any) -> Any:
     """Files, bytes and rate as adoption goes: a bar on a terminal, else a line every 5 s."""
-    import time
-
-    from spool.cli.views import human_bytes
-
     started = time.monotonic()
     last = [0.0]
     tty = stream.isatty()

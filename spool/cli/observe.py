@@ -15,6 +15,7 @@ import time
 from typing import Annotated
 
 import typer
+from rich.console import Console
 
 from spool.cli import fast, views
 from spool.cli.common import (
@@ -59,7 +60,6 @@ def watch(
     spool: SpoolOpt = None,
 ) -> None:
     """`spool status`, redrawn live from the filesystem until Ctrl-C."""
-    from rich.console import Console
     from rich.live import Live
 
     tree, cfg = open_spool(spool, False)

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Annotated, Any
 
 import typer
 
+from spool import kinds
 from spool.cli.common import JsonOpt, SpoolOpt, app, fail, open_spool, print_json
 from spool.cli.common import printable as pr
 from spool.core.errors import EXIT_ERROR, EXIT_NOT_FOUND, EXIT_NOT_READY, NotFound, SpoolError
 from spool.core.model import Manifest
+from spool.disk import formats, store
 from spool.disk.tree import HOST
+from spool.queue import status
 from spool.queue.events import Journal
 
 #: The identity ``spool recover`` acts under while it holds recovered jobs.
@@ -30,8 +34,6 @@ def recover_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Inspect interrupted attempts and recover them by evidence (dead workers; suspect ones when named)."""
-    import threading
-
     from spool.queue.execute import Context
     from spool.queue.workers import Identity
     from spool.repair import recover
@@ -164,9 +166,6 @@ def verify_cmd(
 
     Exit 1 if an output fails; else 4 if a named job does not exist; else 3 if
     a named job is not complete yet."""
-    from spool import kinds
-    from spool.disk import store
-    from spool.queue import status
 
     tree, cfg = open_spool(spool, as_json)
     ids = job or sorted(j for j, _ in status.job_ids(tree, "complete"))
@@ -227,7 +226,6 @@ def migrate_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Move the spool to the newest tree format in place (crash-safe: run it again after any stop)."""
-    from spool.disk import formats
     from spool.repair import migrate
 
     tree, cfg = open_spool(spool, as_json)

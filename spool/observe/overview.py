@@ -35,9 +35,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spool.disk.tree import HOST, Tree, is_visible, list_folder, server_now, visible_names
+from spool.disk.tree import HOST, Tree, boot_id, is_visible, list_folder, server_now, visible_names
 from spool.kinds import views
-from spool.queue.status import attempt_numbers, last_failure, read, running_workers, show
+from spool.queue.status import (
+    attempt_numbers,
+    last_failure,
+    library_counts,
+    locate,
+    read,
+    running_workers,
+    show,
+)
 
 if TYPE_CHECKING:
     from spool.core.config import Config
@@ -327,7 +335,6 @@ def running_rows(tree: Tree, scan: QueueScan) -> list[dict[str, Any]]:
 def failed_rows(tree: Tree, scan: QueueScan) -> list[dict[str, Any]]:
     if not scan.failed:
         return []
-    from datetime import UTC, datetime
 
     rows = []
     for ct, jid in scan.failed:
@@ -443,7 +450,6 @@ def _readonly_view(
     """A viewer that may not write to the spool cannot open a worker's lock file,
     so liveness takes a live same-host worker for dead. Correct that from the
     evidence we can see: same boot, and the process exists."""
-    from spool.disk.tree import boot_id
     from spool.queue import liveness
 
     rec = h.record
@@ -707,8 +713,6 @@ def overview(
 
 
 def _library_stats(tree: Tree) -> dict[str, Any]:
-    from spool.queue.status import library_counts  # the asset library's figures (SPEC 9), by listings
-
     return library_counts(tree)
 
 
@@ -781,7 +785,6 @@ def fanout_detail(tree: Tree, parent: str) -> dict[str, Any] | None:
     jobs = intent.fanout_jobs(tree, parent)
     if fan is None or jobs is None:
         return None
-    from spool.queue.status import locate
 
     rows = []
     for listed, jid in zip(fan.jobs, jobs, strict=True):

@@ -17,6 +17,7 @@ each one is an explicit, journaled act:
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -24,10 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from spool import kinds
 from spool.core.config import Config
 from spool.core.errors import InvalidInput, NotFound, NotReady
 from spool.core.model import Approval, CancelRequest, Manifest, decode, encode, now
 from spool.disk.tree import HOST, Tree, make_dirs, transfer, write_atomic
+from spool.queue.attempt import open_attempt, write_failure
 from spool.queue.cancel import cancelled_failure
 from spool.queue.events import Journal
 from spool.queue.status import job_ids, load_job, locate, read
@@ -89,8 +92,6 @@ def _move(tree: Tree, job_id: str, src: str, dst: str, raced: str) -> None:
 def resubmits_to(tree: Tree, job_id: str) -> str | None:
     """What a retry of ``job_id`` would spend beyond compute (a generation's new create
     request at its provider, which may cost), in words, or ``None``: the job's kind says."""
-    from spool import kinds  # here: `spool status` imports this module and never retries
-
     found = load_job(tree, job_id)
     if found is None:
         return None
@@ -214,9 +215,6 @@ def revise(
     Revisions form a line, not a tree: revising a job that already has a newer
     revision is refused, naming the newest, unless ``force`` (then the new
     revision still gets the next free number and supersedes ``job_id``)."""
-    import json
-
-    from spool import kinds  # here: validating a spec pulls in every job kind
     from spool.queue import accept
 
     found = load_job(tree, job_id)
@@ -260,8 +258,6 @@ def revise(
 def revise_fanout(tree: Tree, cfg: Config, parent: str, spec: Any, by: str, journal: Journal) -> list[Job]:
     """A new revision of a fan-out's parent with a new recipe: every variant again, each a
     new revision superseding the variant of ``parent`` (the matrix and overrides carry over)."""
-    import json
-
     from spool.queue import accept
     from spool.queue.fanout import FanOut
 
@@ -356,8 +352,6 @@ def cancel(
     """Cancel a pending, held or running job. Returns the state the job ended in:
     ``failed`` (cancelled), or ``complete`` if a render finished before its
     worker saw the request."""
-    from spool.queue.attempt import open_attempt, write_failure
-
     by = person(by)  # it is recorded as who cancelled
     loc = _require(tree, job_id, "waiting", "pending", "held", "running")
     why = reason or f"cancelled by {by}"

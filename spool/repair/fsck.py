@@ -49,6 +49,7 @@ import time
 from pathlib import Path
 
 from spool import kinds
+from spool.core import config
 from spool.core.model import Failure, Manifest, WorkerRecord
 from spool.core.problems import Problem
 from spool.disk import store
@@ -65,6 +66,7 @@ from spool.library import index
 from spool.queue import depends, liveness, quarantine
 from spool.queue.accept import JOB_COPY
 from spool.queue.attempt import staged_result
+from spool.queue.events import Journal, cli_writer
 from spool.queue.publish import install_manifest
 from spool.queue.status import Location, attempt_numbers, locate_all, read, running_workers
 
@@ -132,8 +134,6 @@ def check(
 
 
 def _dependencies(tree: Tree, repair: bool) -> list[Problem]:
-    from spool.core import config
-
     if not tree.deps.is_dir() and not any(visible_names(tree.waiting)):
         return []
     found = depends.check(tree, config.load(tree.config_file), repair=repair)
@@ -143,7 +143,6 @@ def _dependencies(tree: Tree, repair: bool) -> list[Problem]:
 def _lost_writes(tree: Tree, repair: bool, settle: float | None) -> list[Problem]:
     """Records a power cut left empty or torn, and journal lines it took (SPEC 11.9):
     each reported; what the tree proves is mended (:mod:`spool.repair.lostwrites`)."""
-    from spool.queue.events import Journal, cli_writer
     from spool.repair import lostwrites
 
     out = []

@@ -38,7 +38,7 @@ from spool.core.faults import crashpoint
 from spool.core.model import JobBase, now
 from spool.disk.store import sha256_file
 from spool.kinds.base import Abort, Gate, Next, Produced
-from spool.kinds.generate import admission, ledger, spending, states, workflow
+from spool.kinds.generate import admission, ledger, providers, spending, states, workflow
 from spool.kinds.generate.providers.config import ProviderConfig
 from spool.kinds.generate.retries import Backpressure, policies
 from spool.kinds.generate.spec import GenerateJob
@@ -118,8 +118,6 @@ class Runner:
     def client(self, cfg: Config, name: str) -> Provider:
         """The live client of ``[providers.<name>]``; a changed table gets a new one (the old
         one is closed at :meth:`close`: a download may still stream through it)."""
-        from spool.kinds.generate import providers  # its HTTP side (httpx) loads on first use
-
         table = cfg.provider_configs.get(name)
         if table is None:
             raise ConfigError(f"[providers.{name}]", "is not in spool.toml")

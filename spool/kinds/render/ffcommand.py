@@ -31,6 +31,7 @@ from spool.kinds.render.recipe import (
     pix_fmt,
     shape,
 )
+from spool.kinds.render.timeline import handles
 
 if TYPE_CHECKING:
     import ffmpeg
@@ -175,8 +176,6 @@ def _timeline(tl: Timeline, sources: Mapping[str, Source]) -> tuple[Any, Any]:
     cut and ``xfade`` / ``acrossfade`` over a dissolve, whose offset is the length so far
     less the dissolve, so the whole lasts exactly the timeline's duration."""
     import ffmpeg
-
-    from spool.kinds.render.timeline import handles
 
     w, h, rate = tl.width, tl.height, tl.rate
     video: Any = None
