@@ -8,7 +8,7 @@ from __future__ import annotations
 import imports  # tools/ is on sys.path (conftest)
 
 #: On record; it may only go down.
-MAX_INSIDE_FUNCTIONS = 62
+MAX_INSIDE_FUNCTIONS = 52
 
 
 def test_no_circles_and_no_new_imports_hidden_in_functions() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -211,8 +212,6 @@ def adopt_cmd(
     A file lacking a required tag is listed with what it lacks and not adopted; a second
     run adopts nothing twice; an interrupted run is finished by running it again. Exit 0
     when every file is adopted, 1 when some are not (untagged, invalid, failed)."""
-    import sys
-
     from spool.library import adopt
 
     tree, cfg = open_spool(spool, as_json)

@@ -16,6 +16,7 @@ from spool.disk import formats, store
 from spool.disk.tree import HOST
 from spool.queue import status
 from spool.queue.events import Journal
+from spool.repair import migrate
 
 #: The identity ``spool recover`` acts under while it holds recovered jobs.
 RECOVERER = f"{HOST}-recover"
@@ -226,8 +227,6 @@ def migrate_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Move the spool to the newest tree format in place (crash-safe: run it again after any stop)."""
-    from spool.repair import migrate
-
     tree, cfg = open_spool(spool, as_json)
     try:
         rep = migrate.migrate(tree, cfg.acceptance.required_tags, dry_run=dry_run)

@@ -62,6 +62,7 @@ from spool.disk.tree import (
     write_atomic,
     writer_gone,
 )
+from spool.kinds import views
 from spool.library import index
 from spool.queue import depends, liveness, quarantine
 from spool.queue.accept import JOB_COPY
@@ -262,7 +263,6 @@ def _generations_left(tree: Tree, jid: str) -> list[Problem]:
     """A generation attempt no worker runs, whose provider job may still run (SPEC 11, 10)."""
     if not any((tree.attempt_dir(jid, n) / "gen").is_dir() for n in attempt_numbers(tree, jid)):
         return []
-    from spool.kinds import views  # here: only jobs with generation attempts need it
 
     return [
         Problem(10, _rel(tree, gen), why, "check the provider: cancel that job there if it still runs")
