@@ -275,7 +275,7 @@ def serve(
     spool: SpoolOpt = None,
 ) -> None:
     """Serve the read-only status page and its JSON until Ctrl-C."""
-    from spool.observe import web
+    from spool.observe import web  # here: the other typer commands stay off the web page (+~15 ms)
 
     tree, cfg = open_spool(spool, False)
     try:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import unicodedata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,8 +54,6 @@ _PERSON_BYTES = 160
 def person(by: str, field: str = "--by") -> str:
     """``by`` as a name to record (NFC, so the same name typed anywhere is one
     file), or :class:`InvalidInput` naming ``field``."""
-    import unicodedata  # here: `spool status` imports this module, never calls this
-
     name = unicodedata.normalize("NFC", by)
     ok = (
         0 < len(name) <= 64
@@ -181,6 +180,7 @@ def release_all(tree: Tree, ref: str, by: str, journal: Journal, cfg: Config | N
 def fanout_jobs(tree: Tree, ref: str) -> list[str] | None:
     """The newest revision of each variant of the fan-out parent ``ref``, or ``None`` when
     ``ref`` is not one (a revised variant counts for its parent)."""
+    # here: spool show of a job without a fan-out stays off it (+~12 ms)
     from spool.queue.fanout import FanOut
 
     if locate(tree, ref) is not None:
@@ -215,7 +215,7 @@ def revise(
     Revisions form a line, not a tree: revising a job that already has a newer
     revision is refused, naming the newest, unless ``force`` (then the new
     revision still gets the next free number and supersedes ``job_id``)."""
-    from spool.queue import accept
+    from spool.queue import accept  # here: spool show stays off acceptance (+~5-110 ms)
 
     found = load_job(tree, job_id)
     if found is None:
@@ -258,7 +258,7 @@ def revise(
 def revise_fanout(tree: Tree, cfg: Config, parent: str, spec: Any, by: str, journal: Journal) -> list[Job]:
     """A new revision of a fan-out's parent with a new recipe: every variant again, each a
     new revision superseding the variant of ``parent`` (the matrix and overrides carry over)."""
-    from spool.queue import accept
+    from spool.queue import accept  # here: spool show stays off acceptance (+~5-110 ms)
     from spool.queue.fanout import FanOut
 
     fan = read(tree.variants / f"{parent}.json", FanOut)
@@ -385,6 +385,7 @@ def cancel(
 
 
 def _clear_hold(tree: Tree, job_id: str) -> None:
+    # here: spool show of a job without dependencies stays off them (+~66 ms)
     from spool.queue.depends import clear_hold
 
     clear_hold(tree, job_id)

@@ -70,6 +70,7 @@ from spool.queue.attempt import staged_result
 from spool.queue.events import Journal, cli_writer
 from spool.queue.publish import install_manifest
 from spool.queue.status import Location, attempt_numbers, locate_all, read, running_workers
+from spool.repair import lostwrites
 
 #: Crash leftovers younger than this may belong to a writer still at work.
 GRACE = 300.0
@@ -144,8 +145,6 @@ def _dependencies(tree: Tree, repair: bool) -> list[Problem]:
 def _lost_writes(tree: Tree, repair: bool, settle: float | None) -> list[Problem]:
     """Records a power cut left empty or torn, and journal lines it took (SPEC 11.9):
     each reported; what the tree proves is mended (:mod:`spool.repair.lostwrites`)."""
-    from spool.repair import lostwrites
-
     out = []
     wait = lostwrites.SETTLE if settle is None else settle
     for d in lostwrites.damaged_records(tree, wait):
