@@ -158,8 +158,9 @@ def main() -> int:
         rows = []
         for label, (run, argv0) in commands.items():
             times: dict[Path, list[float]] = {s: [] for s in srcs}
-            for _ in range(args.runs):
-                for s in srcs:  # alternate, so load on the machine falls on both alike
+            for i in range(args.runs):
+                # alternate, and swap which goes first, so load on the machine falls on both alike
+                for s in srcs if i % 2 == 0 else srcs[::-1]:
                     argv = [str(subs.pop()) if a == "{next submission}" else a for a in argv0]
                     t0 = time.perf_counter()
                     proc = run(python, s, argv)
