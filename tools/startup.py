@@ -137,6 +137,13 @@ def main() -> int:
         ).stdout.strip()
         if not where.startswith(str(s)):
             raise SystemExit(f"{s}: python imports spool from {where}, not from the tree given")
+        # Bytecode compiled up front, as an installed package has it: a tree whose .pyc are
+        # stale (or never written: PYTHONDONTWRITEBYTECODE) would be compiled on every run.
+        subprocess.run(
+            [python, "-m", "compileall", "-q", str(s / "spool"), str(s / "spoold")],
+            check=True,
+            env={k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
+        )
     tmp = Path(tempfile.mkdtemp(prefix="spool-startup-"))
     try:
         spool, subs, job = small_spool(tmp / "small", python)
