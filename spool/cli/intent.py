@@ -14,6 +14,7 @@ from spool.core.config import Config
 from spool.core.decoding import parse_json
 from spool.core.errors import InvalidInput, SpoolError
 from spool.disk.tree import Tree
+from spool.queue import intent
 from spool.queue.events import Journal, cli_writer
 
 JobArg = Annotated[str, typer.Argument(help="Job ID (name@revision).")]
@@ -63,8 +64,6 @@ def retry_cmd(
 
     A retry that sends a generation's new create request to its provider (it may cost)
     needs --yes; one that downloads a kept result again does not."""
-    from spool.queue import intent  # here: spool starts faster without it
-
     tree, _, journal = _journal(spool, as_json)
     try:
         cost = intent.resubmits_to(tree, job)
@@ -106,8 +105,6 @@ def revise(
 
     A render's new recipe, or a generation's new prompt or parameters. Refused while JOB has a
     newer revision (revise the newest), unless --force."""
-    from spool.queue import intent  # here: spool starts faster without it
-
     tree, cfg, journal = _journal(spool, as_json)
     try:
         try:
@@ -161,8 +158,6 @@ def cancel(
     as_json: JsonOpt = False,
 ) -> None:
     """Cancel a pending, held or running job (a running render is stopped and recorded)."""
-    from spool.queue import intent  # here: spool starts faster without it
-
     tree, _, journal = _journal(spool, as_json)
     try:
         state = intent.cancel(tree, job, by or getpass.getuser(), journal, wait=wait)
@@ -188,8 +183,6 @@ def approve(
     as_json: JsonOpt = False,
 ) -> None:
     """Record an approval of a complete job's output, keyed by job and output hash."""
-    from spool.queue import intent  # here: spool starts faster without it
-
     try:
         tree = open_tree(spool)
         done = intent.approve_all(tree, job, by, note, sha256)
@@ -216,8 +209,6 @@ def approve(
 @app.command()
 def hold(job: JobArg, by: ByOpt = None, spool: SpoolOpt = None, as_json: JsonOpt = False) -> None:
     """Set a pending job aside in held/ (no worker claims it) until released."""
-    from spool.queue import intent  # here: spool starts faster without it
-
     _move(intent.hold, job, by, spool, as_json, "held", "held")
 
 
@@ -225,8 +216,6 @@ def hold(job: JobArg, by: ByOpt = None, spool: SpoolOpt = None, as_json: JsonOpt
 def release(job: JobArg, by: ByOpt = None, spool: SpoolOpt = None, as_json: JsonOpt = False) -> None:
     """Return a held job to pending (one waiting for its upstreams to waiting/); a fan-out's
     parent: every held variant."""
-    from spool.queue import intent  # here: spool starts faster without it
-
     tree, cfg, journal = _journal(spool, as_json)
     try:
         done = intent.release_all(tree, job, by or getpass.getuser(), journal, cfg)

@@ -11,6 +11,7 @@ import typer
 
 from spool.cli import fast
 from spool.cli.common import JsonOpt, SpoolOpt, app, fail, load_config, print_json
+from spool.core import config
 from spool.core.errors import InvalidInput, SpoolError
 from spool.disk.tree import Tree, write_atomic
 
@@ -31,8 +32,6 @@ def init(
     as_json: JsonOpt = False,
 ) -> None:
     """Create the spool tree and a commented spool.toml (existing files are kept)."""
-    from spool.core import config
-
     tree = Tree.at(directory)
     try:
         if directory.exists() and not directory.is_dir():

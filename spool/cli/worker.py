@@ -8,6 +8,7 @@ import typer
 
 from spool.cli.common import JsonOpt, SpoolOpt, app, fail, open_spool, print_json, printable
 from spool.core.errors import NotFound
+from spool.queue import health
 
 worker_app = typer.Typer(help="Workers: lift a host quarantine.", no_args_is_help=True)
 app.add_typer(worker_app, name="worker")
@@ -20,8 +21,6 @@ def release_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Lift a worker's quarantine after fixing its host: it claims again within a poll interval."""
-    from spool.queue import health
-
     tree, _ = open_spool(spool, as_json)
     q = health.quarantined(tree, worker)
     if q is None or not health.release(tree, worker):

@@ -14,6 +14,7 @@ import msgspec
 from spool.core.decoding import convert
 from spool.core.errors import ConfigError, InvalidInput
 from spool.core.units import PositiveInt, Seconds, parse_size
+from spool.kinds.generate.providers.config import parse_providers, secret_names
 
 if TYPE_CHECKING:
     from spool.kinds.generate.providers.config import ProviderConfig
@@ -225,7 +226,6 @@ def parse(raw: bytes, name: str = "spool.toml") -> Config:
         except ValueError as exc:
             raise ConfigError(f"{name}: limits.{key}", str(exc)) from None
     # Imported here: the generate kind's settings build on this module's types.
-    from spool.kinds.generate.providers.config import parse_providers, secret_names
 
     cfg.providers = parse_providers(data.get("providers"))
     # The variables holding provider tokens are secrets: masked wherever spool writes.

@@ -8,6 +8,7 @@ sentence per error (``recipe.steps[2].op: 'blur' is not one of trim, fit, ...``)
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, TypeVar
 
@@ -41,8 +42,6 @@ def _no_constants(name: str) -> Any:
 
 def parse_json(data: bytes, what: str = "submission") -> Any:
     """Bytes -> plain JSON values, strictly: UTF-8, no duplicate keys, no NaN."""
-    import json  # here: reading the queue never needs it, only submissions do
-
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -106,7 +105,6 @@ def display_key(key: str) -> str:
     newlines and lone surrogates stay on one readable, encodable line)."""
     if _PLAIN_KEY.match(key):
         return key
-    import json
 
     return json.dumps(key)
 

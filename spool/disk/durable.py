@@ -347,7 +347,7 @@ def replace_existing(src: Path, dst: Path) -> bool:
     :func:`link_no_replace`'s fallback is."""
     global _renameat2
     if _renameat2 is None:
-        import ctypes
+        import ctypes  # here: only the rare replace without renameat2 loads ctypes (+~1.4 ms)
 
         try:
             fn = ctypes.CDLL(None, use_errno=True).renameat2
@@ -356,7 +356,7 @@ def replace_existing(src: Path, dst: Path) -> bool:
         except (OSError, AttributeError):
             _renameat2 = False
     if _renameat2:
-        import ctypes
+        import ctypes  # here: only the rare replace without renameat2 loads ctypes (+~1.4 ms)
 
         if _renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_EXCHANGE) == 0:
             os.unlink(src)  # the old content, under the temp name now

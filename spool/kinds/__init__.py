@@ -49,7 +49,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from spool.kinds import registry
+        from spool.kinds import registry  # here: spool.toml is read without loading every kind (+~70 ms)
 
         return getattr(registry, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

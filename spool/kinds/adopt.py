@@ -35,6 +35,8 @@ from spool.disk import store
 from spool.disk.tree import link_or_copy
 from spool.kinds.base import Kind, Produced
 from spool.media import sources as sources_
+from spool.media.probe import ebml_doctype
+from spool.media.validate import check_probe
 
 if TYPE_CHECKING:
     from spool.core.config import Config
@@ -63,8 +65,6 @@ class Adopt(Kind[AdoptJob]):
         return POOL
 
     def freeze(self, tree: Tree, cfg: Config, sub: Submission, common: dict[str, Any]) -> AdoptJob:
-        from spool.media.probe import ebml_doctype
-        from spool.media.validate import check_probe
 
         if set(sub.sources) != {ROLE}:
             raise InvalidInput("sources", f"an adopt job takes exactly one source, {ROLE!r}")

@@ -52,17 +52,22 @@ from typing import Any
 from spool.core.config import Config
 from spool.core.errors import InvalidInput, SpoolError
 from spool.core.faults import crashpoint
-from spool.core.model import JOB_ID_RE, Failure
+from spool.core.model import JOB_ID_RE, Failure, Manifest
+from spool.disk import groupcommit
 from spool.disk.records import read
 from spool.disk.store import sha256_file
 from spool.disk.tree import Tree, visible_names
 from spool.kinds.adopt import CONTAINERS, ROLE, AdoptJob, output_name
+from spool.library.catalog import current_revision
 from spool.library.index import NAME_RE, read_version
+from spool.library.visibility import nfc
 from spool.queue import accept, claim, execute, retry
 from spool.queue.context import Context
 from spool.queue.events import Journal
 from spool.queue.status import running_workers
+from spool.queue.workers import Heartbeat, Identity, IdentityTaken, worker_id
 from spool.repair import recover
+from spool.repair.fsck import sweep_leftovers
 
 #: The worker name adoption runs under (``<host>-adopt``).
 WORKER_NAME = "adopt"
@@ -261,7 +266,6 @@ class Adoption:
         self.rows = rows or {}
         self.jobs = max(1, jobs)
         self.progress = progress
-        from spool.queue.workers import worker_id
 
         self.worker = worker_id(WORKER_NAME)
         self._lock = threading.Lock()
@@ -279,7 +283,6 @@ class Adoption:
             for i, f, name, tags in planned:
                 items[i] = self._decide(f, name, tags)
             return Report([it for it in items if it], unsupported, True, time.monotonic() - started)
-        from spool.queue.workers import Heartbeat, Identity, IdentityTaken
 
         identity = Identity(self.tree, self.worker)
         try:
@@ -288,7 +291,6 @@ class Adoption:
             raise SpoolError(
                 f"another spool library adopt is running on this host ({self.worker}); wait for it"
             ) from None
-        from spool.disk import groupcommit
 
         before = groupcommit.installed()  # threads share folder fsyncs, as a daemon's slots do
         groupcommit.install(before or groupcommit.Coalescer())
@@ -298,8 +300,6 @@ class Adoption:
             self.tree, self.cfg, self.worker, Journal(self.tree, self.worker), threading.Event()
         )
         try:
-            from spool.repair.fsck import sweep_leftovers
-
             sweep_leftovers(self.tree)  # temp files a killed run (a dead process of this host) left
             recover.adopt(self.ctx)  # finish what an interrupted run left in running/<host>-adopt/
             self._states = _name_states(self.tree)
@@ -529,8 +529,6 @@ def _next_revision(tree: Tree, name: str, states: dict[int, str]) -> int:
 def _tags_differ(tree: Tree, jid: str, tags: dict[str, str], required: list[str]) -> str:
     """Why an adopted version's required tags are not the ones given now ("" if they are):
     the same bytes under the same name are one version, never adopted twice."""
-    from spool.core.model import Manifest
-
     m = read(tree.manifest_file(jid), Manifest)
     if m is None:
         return ""
@@ -609,8 +607,6 @@ def shadow(
 ) -> list[Difference]:
     """Every difference in object identity and required tags between a catalogue export
     and what adoption would index (and what the library already holds); writes nothing."""
-    from spool.library.catalog import current_revision
-    from spool.library.visibility import nfc
 
     root = inside_roots(root, cfg.asset_roots(tree.root))
     required = cfg.acceptance.required_tags

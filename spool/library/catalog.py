@@ -44,6 +44,7 @@ from typing import Any
 
 import msgspec
 
+from spool import kinds
 from spool.core.config import Config
 from spool.core.errors import InvalidInput, NotFound, NotReady, SpoolError
 from spool.core.families import Family
@@ -469,13 +470,11 @@ def job_tags(tree: Tree, jid: str) -> dict[str, str] | None:
     m = _manifest(tree, jid)
     if m is not None:
         return m.tags
-    from spool.kinds import decode_job
-
     loc = locate(tree, jid)
     if loc is None:
         return None
     try:
-        return decode_job(loc.path.read_bytes()).tags
+        return kinds.decode_job(loc.path.read_bytes()).tags
     except (OSError, msgspec.DecodeError, msgspec.ValidationError):
         return None  # unreadable: fails closed
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
@@ -45,6 +46,7 @@ from spool.core.config import Config
 from spool.core.errors import InvalidInput
 from spool.core.model import Record, decode, encode, now
 from spool.disk.tree import Tree, make_dirs, visible_names, write_atomic
+from spool.media import probe
 from spool.media.validate import integrated_loudness
 
 if TYPE_CHECKING:  # `spool search` imports this module; FFmpeg and plug-ins load where they run
@@ -184,8 +186,6 @@ def facts_of(info: dict[str, Any]) -> Facts:
         except (TypeError, ValueError):
             return None
 
-    from spool.media import probe
-
     fps = None
     if v is not None:
         fps = round(probe.rate(v.get("avg_frame_rate")) or probe.rate(v.get("r_frame_rate")), 3) or None
@@ -229,8 +229,6 @@ def parse_analysis(log: str, duration: float | None) -> dict[str, Any]:
 
 def _analyse(path: Path, facts: Facts, wanted: set[str], cfg: Config) -> tuple[dict[str, Any], str]:
     """One FFmpeg decoding pass running the analysis filters asked for."""
-    import subprocess
-
     vf = [f for e, f in (("scenes", "scdet=threshold=10"), ("black", "blackdetect=d=0.1")) if e in wanted]
     af = [
         f
@@ -278,8 +276,6 @@ def enrich_object(
 
     ``path`` must be the verified store file of ``digest``.
     """
-    from spool.media import probe
-
     rec = load(tree, digest) or Enrichment(sha256=digest)
     installed = plugins()
     asked = list(fields) if fields is not None else [*BUILTIN, *sorted(installed)]

@@ -54,10 +54,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from spool.core.config import load
 from spool.core.faults import crashpoint
 from spool.core.model import JOB_ID_RE, Manifest, MediaInfo, Record, decode, encode, now
 from spool.core.problems import Problem
 from spool.disk import formats
+from spool.disk.records import read
 from spool.disk.tree import HOST, Tree, fsync_dir, make_dirs, visible_names, write_atomic
 from spool.library import segments
 from spool.library.indexpaths import LIBRARY, encode_value, index_root, library_root, tag_dir, version_file
@@ -269,7 +271,6 @@ class Snapshot:
             indexed = segments.merged_version(self.tree, name, revision).stat().st_mtime
         except OSError:
             return None
-        from spool.disk.records import read
 
         m = read(self.tree.manifest_file(f"{name}@{revision}"), Manifest)
         if m is None:
@@ -363,8 +364,6 @@ class Finding:
 
 
 def _manifests(tree: Tree) -> dict[str, Manifest]:
-    from spool.disk.records import read
-
     out = {}
     for fname in visible_names(tree.manifests):
         m = read(tree.manifests / fname, Manifest)
@@ -447,8 +446,6 @@ def _names_v1(tree: Tree) -> list[str]:
 
 def _stray_merged(tree: Tree, manifests: dict[str, Manifest], repair: bool) -> list[Finding]:
     """Format 2's merged entries by object, version and name that no manifest justifies."""
-    from spool.disk.records import read
-
     out = []
     base = index_root(tree)
     for shard in sorted(segments._listdir(base / segments.OBJECTS)):
@@ -485,16 +482,12 @@ def _stray(tree: Tree, path: Path, what: str, repair: bool) -> Finding:
 
 
 def _justified(tree: Tree, required_tags: list[str], tag: str, val: str, jid: str) -> bool:
-    from spool.disk.records import read
-
     m = read(tree.manifest_file(jid), Manifest)
     return m is not None and (tag, val) in {(t, encode_value(v)) for t, v in wanted(m, required_tags)}
 
 
 def fsck_problems(tree: Tree, *, repair: bool) -> list[Problem]:
     """The index's findings as ``spool fsck`` problems (the one call fsck makes)."""
-    from spool.core.config import load
-
     try:
         tags = load(tree.config_file).acceptance.required_tags
     except Exception:  # fsck of a spool with a broken config still checks the rest

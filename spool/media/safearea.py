@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from spool.core.errors import InvalidInput
+from spool.core.model import Check, LayerBox
 
 if TYPE_CHECKING:
     from spool.core.model import Check, LayerBox
@@ -128,8 +129,6 @@ def spec_of(label: str) -> float | str:
 def judge(planned: list[LayerBox], width: int | None, height: int | None) -> tuple[list[LayerBox], Check]:
     """The gate: each planned box against the safe area recomputed for the frame the
     output really has (``width`` x ``height`` from ffprobe). Pure."""
-    from spool.core.model import Check, LayerBox
-
     out: list[LayerBox] = []
     bad: list[str] = []
     for layer in planned:

@@ -17,11 +17,13 @@ probing uses, with a timeout and at low priority.
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 from spool.core.config import Config
 from spool.core.model import Manifest
 from spool.disk.tree import Tree, make_dirs, write_atomic
+from spool.media import probe
 
 #: The folder of thumbnails, under the spool root.
 FOLDER = "thumbs"
@@ -61,8 +63,6 @@ def poster_time(duration: float | None) -> float:
 
 def grab(source: Path, at: float, width: int, ffmpeg: str = "ffmpeg") -> bytes:
     """One frame of ``source`` at ``at`` seconds, ``width`` pixels wide, as JPEG bytes."""
-    import subprocess  # here: `spool status` only builds thumbnail URLs
-
     argv = [
         ffmpeg,
         "-nostdin",
@@ -109,8 +109,6 @@ def grab(source: Path, at: float, width: int, ffmpeg: str = "ffmpeg") -> bytes:
 def make(tree: Tree, cfg: Config, manifest: Manifest) -> Path | None:
     """Make the poster frame of a published output unless it exists; ``None``
     when the output has no video or thumbnails are off. Raises ThumbnailError."""
-    from spool.media import probe
-
     width = cfg.observe.thumbnail_width
     if width == 0:
         return None

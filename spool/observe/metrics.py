@@ -35,6 +35,8 @@ from spool.core.families import Family, Histogram, exposition, parse
 from spool.core.model import Event, PoolUse, WorkerRecord
 from spool.disk.tree import Tree, list_folder, visible_names, write_atomic
 from spool.kinds import views
+from spool.library import enrich, index
+from spool.library.catalog import families as library_families
 from spool.observe import overview
 from spool.queue.status import read, running_workers
 
@@ -147,7 +149,6 @@ def queue_families(
         except FileNotFoundError:
             continue
         beats.append((rec.worker, now - mtime))
-    from spool.library.catalog import families as library_families  # the asset library (SPEC 9)
 
     return [
         *_queue_gauges(worker, now, scan.counts, scan.oldest_age, beats),
@@ -339,8 +340,6 @@ class QueueView:
     def _library(self, worker: str, now: float) -> list[Family]:
         """The asset library's gauges, made again only when its folders or this
         worker's recent index delays changed."""
-        from spool.library import enrich, index
-        from spool.library.catalog import families as library_families  # the asset library (SPEC 9)
 
         return self.folders.get(
             "library",

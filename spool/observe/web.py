@@ -56,9 +56,11 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import msgspec
 
 from spool.core.config import Config
+from spool.core.errors import SpoolError
 from spool.core.model import JOB_ID_RE
 from spool.disk.tree import Tree
-from spool.library import visibility
+from spool.library import catalog, enrich, visibility
+from spool.library.catalog import job_tags, resolve, visible_object
 from spool.media import thumbs
 from spool.observe import overview
 
@@ -127,7 +129,6 @@ class StatusSource:
         known = self._seen.get(job_id)
         if known is not None:
             return known
-        from spool.library.catalog import job_tags
 
         tags = job_tags(self.tree, job_id)
         ok = self.rule.admits(tags)
@@ -182,8 +183,6 @@ class StatusSource:
     def library(self, query: str) -> tuple[HTTPStatus, bytes]:
         """``/api/library?t=TERM&t=TERM``: current versions, visibility as configured
         (the page cannot widen it), at most :data:`LIBRARY_LIMIT` results."""
-        from spool.core.errors import SpoolError
-        from spool.library import catalog, enrich
 
         terms = parse_qs(query, keep_blank_values=False).get("t", [])
         try:
@@ -197,8 +196,6 @@ class StatusSource:
         """The JPEG bytes of ``thumbs/<digest>.jpg``, or ``None`` unless it is a
         regular file, reached without following a symlink, inside the spool, of an
         object a visible job publishes."""
-        from spool.library.catalog import visible_object
-
         if visible_object(self.tree, self.rule, digest) is None:
             return None
         folder = thumbs.folder(self.tree)
@@ -293,8 +290,6 @@ class Handler(BaseHTTPRequestHandler):
 
     def _download(self, digest: str, head: bool) -> None:
         """Stream a store object after re-hashing it (the ``spool get`` promise)."""
-        from spool.core.errors import SpoolError
-        from spool.library.catalog import resolve
 
         try:
             got = resolve(self.source.tree, digest, self.source.rule)

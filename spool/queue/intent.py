@@ -17,17 +17,21 @@ each one is an explicit, journaled act:
 
 from __future__ import annotations
 
+import json
 import os
 import time
+import unicodedata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from spool import kinds
 from spool.core.config import Config
 from spool.core.errors import InvalidInput, NotFound, NotReady
 from spool.core.model import Approval, CancelRequest, Manifest, decode, encode, now
 from spool.disk.tree import HOST, Tree, make_dirs, transfer, write_atomic
+from spool.queue.attempt import open_attempt, write_failure
 from spool.queue.cancel import cancelled_failure
 from spool.queue.events import Journal
 from spool.queue.status import job_ids, load_job, locate, read
@@ -50,8 +54,6 @@ _PERSON_BYTES = 160
 def person(by: str, field: str = "--by") -> str:
     """``by`` as a name to record (NFC, so the same name typed anywhere is one
     file), or :class:`InvalidInput` naming ``field``."""
-    import unicodedata  # here: `spool status` imports this module, never calls this
-
     name = unicodedata.normalize("NFC", by)
     ok = (
         0 < len(name) <= 64
@@ -89,8 +91,6 @@ def _move(tree: Tree, job_id: str, src: str, dst: str, raced: str) -> None:
 def resubmits_to(tree: Tree, job_id: str) -> str | None:
     """What a retry of ``job_id`` would spend beyond compute (a generation's new create
     request at its provider, which may cost), in words, or ``None``: the job's kind says."""
-    from spool import kinds  # here: `spool status` imports this module and never retries
-
     found = load_job(tree, job_id)
     if found is None:
         return None
@@ -180,6 +180,7 @@ def release_all(tree: Tree, ref: str, by: str, journal: Journal, cfg: Config | N
 def fanout_jobs(tree: Tree, ref: str) -> list[str] | None:
     """The newest revision of each variant of the fan-out parent ``ref``, or ``None`` when
     ``ref`` is not one (a revised variant counts for its parent)."""
+    # here: spool show of a job without a fan-out stays off it (+~12 ms)
     from spool.queue.fanout import FanOut
 
     if locate(tree, ref) is not None:
@@ -214,10 +215,7 @@ def revise(
     Revisions form a line, not a tree: revising a job that already has a newer
     revision is refused, naming the newest, unless ``force`` (then the new
     revision still gets the next free number and supersedes ``job_id``)."""
-    import json
-
-    from spool import kinds  # here: validating a spec pulls in every job kind
-    from spool.queue import accept
+    from spool.queue import accept  # here: spool show stays off acceptance (+~5-110 ms)
 
     found = load_job(tree, job_id)
     if found is None:
@@ -260,9 +258,7 @@ def revise(
 def revise_fanout(tree: Tree, cfg: Config, parent: str, spec: Any, by: str, journal: Journal) -> list[Job]:
     """A new revision of a fan-out's parent with a new recipe: every variant again, each a
     new revision superseding the variant of ``parent`` (the matrix and overrides carry over)."""
-    import json
-
-    from spool.queue import accept
+    from spool.queue import accept  # here: spool show stays off acceptance (+~5-110 ms)
     from spool.queue.fanout import FanOut
 
     fan = read(tree.variants / f"{parent}.json", FanOut)
@@ -356,8 +352,6 @@ def cancel(
     """Cancel a pending, held or running job. Returns the state the job ended in:
     ``failed`` (cancelled), or ``complete`` if a render finished before its
     worker saw the request."""
-    from spool.queue.attempt import open_attempt, write_failure
-
     by = person(by)  # it is recorded as who cancelled
     loc = _require(tree, job_id, "waiting", "pending", "held", "running")
     why = reason or f"cancelled by {by}"
@@ -391,6 +385,7 @@ def cancel(
 
 
 def _clear_hold(tree: Tree, job_id: str) -> None:
+    # here: spool show of a job without dependencies stays off them (+~66 ms)
     from spool.queue.depends import clear_hold
 
     clear_hold(tree, job_id)

@@ -55,6 +55,7 @@ from spool.core.errors import Failed, LostOwnership
 from spool.core.faults import crashpoint
 from spool.core.model import AttemptRecord, JobBase, Manifest, SourceDigest, ValidationReport, encode, now
 from spool.disk import formats, store
+from spool.disk.groupcommit import together
 from spool.disk.records import read
 from spool.disk.tree import Tree, fsync_dir, link_no_replace, temp_name, transfer, write_atomic
 from spool.library import index
@@ -278,8 +279,6 @@ def commit(
     daemon claims there, so one fsync of its running folder serves both. An
     ``OSError`` of the batch itself is raised: its jobs stay in ``running/`` for
     recovery by evidence."""
-    from spool.disk.groupcommit import together
-
     tree = ctx.tree
     out: dict[str, Manifest | BaseException] = {}
     try:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from spool import kinds
 from spool.core.faults import crashpoint
 from spool.core.model import QuarantineRecord, encode, now
 from spool.disk.records import read
@@ -56,8 +57,6 @@ def check(name: str, data: bytes, *, unresolved_ok: bool = False) -> kinds.Job:
     Checks that it decodes as a job of a known kind, that the file is named
     for its job ID, and that ``recipe_hash`` is the hash of its spec.
     """
-    from spool import kinds  # here: `spool status` reads quarantine reasons without every job kind
-
     try:
         job = kinds.decode_job(data)
     except msgspec.ValidationError as exc:

@@ -52,6 +52,7 @@ import time
 from pathlib import Path
 
 from spool import kinds
+from spool.core import config
 from spool.core.model import Failure, Manifest, WorkerRecord
 from spool.core.problems import Problem
 from spool.disk import store
@@ -64,12 +65,15 @@ from spool.disk.tree import (
     write_atomic,
     writer_gone,
 )
+from spool.kinds import views
 from spool.library import index
 from spool.queue import depends, liveness, quarantine
 from spool.queue.accept import JOB_COPY
 from spool.queue.attempt import staged_result
+from spool.queue.events import Journal, cli_writer
 from spool.queue.publish import install_manifest
 from spool.queue.status import Location, attempt_numbers, locate_all, read, running_workers
+from spool.repair import lostwrites
 
 #: Crash leftovers younger than this may belong to a writer still at work.
 GRACE = 300.0
@@ -136,8 +140,6 @@ def check(
 
 
 def _dependencies(tree: Tree, repair: bool) -> list[Problem]:
-    from spool.core import config
-
     if not tree.deps.is_dir() and not any(visible_names(tree.waiting)):
         return []
     found = depends.check(tree, config.load(tree.config_file), repair=repair)
@@ -147,9 +149,6 @@ def _dependencies(tree: Tree, repair: bool) -> list[Problem]:
 def _lost_writes(tree: Tree, repair: bool, settle: float | None) -> list[Problem]:
     """Records a power cut left empty or torn, and journal lines it took (SPEC 11.9):
     each reported; what the tree proves is mended (:mod:`spool.repair.lostwrites`)."""
-    from spool.queue.events import Journal, cli_writer
-    from spool.repair import lostwrites
-
     out = []
     wait = lostwrites.SETTLE if settle is None else settle
     for d in lostwrites.damaged_records(tree, wait):
@@ -174,8 +173,6 @@ def _lost_writes(tree: Tree, repair: bool, settle: float | None) -> list[Problem
 def _lost_names(tree: Tree, jid: str, loc: Location, repair: bool, settle: float | None) -> list[Problem]:
     """Names of ``attempts/J/`` a power cut took (format 2 does not fsync that folder at
     claim): made again from what the tree proves (:func:`lostwrites.lost_names`)."""
-    from spool.repair import lostwrites
-
     wait = lostwrites.SETTLE if settle is None else settle
     out = []
     for lost in lostwrites.lost_names(tree, jid, loc.state, loc.path, wait):
@@ -288,7 +285,6 @@ def _generations_left(tree: Tree, jid: str) -> list[Problem]:
     """A generation attempt no worker runs, whose provider job may still run (SPEC 11, 10)."""
     if not any((tree.attempt_dir(jid, n) / "gen").is_dir() for n in attempt_numbers(tree, jid)):
         return []
-    from spool.kinds import views  # here: only jobs with generation attempts need it
 
     return [
         Problem(10, _rel(tree, gen), why, "check the provider: cancel that job there if it still runs")

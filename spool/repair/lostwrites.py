@@ -42,11 +42,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from spool.core.model import Manifest, encode
+from spool.core.model import AttemptRecord, Failure, Interruption, Manifest, encode
 from spool.disk import formats
 from spool.disk.records import damaged as damage
 from spool.disk.records import read
 from spool.disk.tree import NO_LINKS, Tree, fsync_dir, make_dirs, visible_names, write_atomic
+from spool.queue.accept import JOB_COPY
+from spool.queue.events import read_file
 
 #: Seconds a file must have been left alone before it is judged (a writer may be at work).
 SETTLE = 5.0
@@ -165,8 +167,6 @@ def attempt_record(jid: str, n: int, adir: Path, manifest: Manifest | None) -> t
     through what ends it), written again from what the tree proves: the manifest naming
     the attempt (its identity and staged result), else its failure or interruption
     record (who), else only its number and when its folder was made."""
-    from spool.core.model import AttemptRecord, Failure, Interruption
-
     if manifest is not None and manifest.job_id == jid and manifest.attempt == n:
         rec = AttemptRecord(
             job_id=jid, n=n, worker=manifest.worker, host=manifest.host, pid=manifest.pid,
@@ -226,8 +226,6 @@ def lost_names(tree: Tree, job_id: str, state: str, job_file: Path, settle: floa
                 _, data = attempt_record(job_id, m.attempt, adir, m)
                 why = "the folder of the attempt its manifest names was lost in a power cut"
                 out.append(LostName(job_id, "attempt", adir, why, data))
-    from spool.queue.accept import JOB_COPY
-
     copy = jdir / JOB_COPY
     if not copy.exists() and job_file.is_file():
         why = "its frozen copy's name was lost in a power cut (format 2: a second name of the job file)"
@@ -291,8 +289,6 @@ def told(tree: Tree) -> dict[str, _Told]:
     """Each job's story as the journal tells it: every writer's file read as a stream
     (one job's facts kept, never the lines: a journal of millions of lines costs the
     jobs, not the lines), merged by the lines' timestamps."""
-    from spool.queue.events import read_file
-
     out: dict[str, _Told] = {}
     last_ts: dict[str, Any] = {}
     for f in sorted(tree.events.glob("*.jsonl")):

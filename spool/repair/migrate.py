@@ -34,6 +34,7 @@ from pathlib import Path
 from spool.core.faults import crashpoint
 from spool.core.model import Manifest, decode
 from spool.disk import formats
+from spool.disk.groupcommit import together
 from spool.disk.records import read
 from spool.disk.tree import Tree, fsync_dir
 from spool.library import segments
@@ -69,8 +70,6 @@ def _v1_versions(tree: Tree) -> list[tuple[str, int]]:
 def migrate(tree: Tree, required_tags: list[str], *, dry_run: bool = False) -> Report:
     """Move ``tree`` to :data:`spool.disk.formats.CURRENT` (see the module docstring).
     Raises :class:`spool.disk.formats.TooNew` for a tree newer than this code."""
-    from spool.disk.groupcommit import together
-
     was = formats.check(tree.root)
     rep = Report(was=was, now=was)
     todo: list[tuple[Path, Path, datetime | None]] = []  # (v1 record, its v1 entry by object, when)

@@ -38,8 +38,9 @@ from spool.core.faults import crashpoint
 from spool.core.model import JobBase, now
 from spool.disk.store import sha256_file
 from spool.kinds.base import Abort, Gate, Next, Produced
-from spool.kinds.generate import admission, ledger, spending, states, workflow
+from spool.kinds.generate import admission, ledger, providers, spending, states, workflow
 from spool.kinds.generate.providers.config import ProviderConfig
+from spool.kinds.generate.providers.errors import FINAL, ProviderError
 from spool.kinds.generate.retries import Backpressure, policies
 from spool.kinds.generate.spec import GenerateJob
 from spool.kinds.generate.states import CreateRequest, CreateResult, Progress, View
@@ -47,7 +48,7 @@ from spool.queue import cancel
 
 if TYPE_CHECKING:
     from spool.core.config import Config
-    from spool.kinds.generate.providers.base import Provider, ProviderError
+    from spool.kinds.generate.providers.base import Provider
     from spool.queue.attempt import Attempt
     from spool.queue.context import Context
 
@@ -118,8 +119,6 @@ class Runner:
     def client(self, cfg: Config, name: str) -> Provider:
         """The live client of ``[providers.<name>]``; a changed table gets a new one (the old
         one is closed at :meth:`close`: a download may still stream through it)."""
-        from spool.kinds.generate import providers  # its HTTP side (httpx) loads on first use
-
         table = cfg.provider_configs.get(name)
         if table is None:
             raise ConfigError(f"[providers.{name}]", "is not in spool.toml")
@@ -417,8 +416,6 @@ class Runner:
     ) -> None:
         """Reserve (the spending guard), log create request ``k`` durably, send it, and
         record its outcome durably: the evidence a crash must not lose."""
-        from spool.kinds.generate.providers.base import ProviderError
-
         gen = _gen(attempt)
         rec = view.record
         assert rec is not None
@@ -521,8 +518,6 @@ class Runner:
         view: View,
         eff: workflow.Find,
     ) -> workflow.Evidence:
-        from spool.kinds.generate.providers.base import ProviderError
-
         prog = view.progress or Progress()
         offset = client.clock_offset or 0.0
         since = datetime.fromtimestamp(eff.since + offset - workflow.SKEW_UNMEASURED, UTC)
@@ -604,8 +599,6 @@ class Runner:
     def _poll(
         self, client: Provider, policy: workflow.Policy, gen: Path, view: View, eff: workflow.Poll
     ) -> workflow.Evidence:
-        from spool.kinds.generate.providers.base import ProviderError
-
         prog = view.progress or Progress()
         try:
             job = client.get(eff.provider_job_id)
@@ -639,8 +632,6 @@ class Runner:
     def safe_cancel(self, client: Provider, pid: str, seen: str | None = None) -> str:
         """Cancel a provider job where that is safe: never one seen finished (a ``DELETE``
         of a finished Runway task deletes the paid result); returns what was done."""
-        from spool.kinds.generate.providers.base import FINAL, ProviderError
-
         if seen is None or client.cancel_deletes:
             try:
                 now_ = client.get(pid)
@@ -692,8 +683,6 @@ class Runner:
         eff: workflow.Retrieve,
         abort: Abort,
     ) -> workflow.Evidence:
-        from spool.kinds.generate.providers.base import ProviderError
-
         rec = view.record
         assert rec is not None
         dest = attempt.work / job.output.file
@@ -734,8 +723,6 @@ class Runner:
         raise Interrupted()
 
     def _refresh(self, client: Provider, gen: Path, view: View, eff: workflow.Refresh) -> workflow.Evidence:
-        from spool.kinds.generate.providers.base import ProviderError
-
         try:
             job = client.get(eff.provider_job_id)
         except ProviderError as e:
@@ -811,8 +798,6 @@ class Runner:
     def audit(self, ctx: Context, job_id: str, n: int) -> float | None:
         """One look at an abandoned attempt's provider job: a success goes to
         ``late-completion.json`` and nowhere else (the attempt is ``failed``)."""
-        from spool.kinds.generate.providers.base import ProviderError
-
         key = key_of(job_id, n)
         with self._lock:
             looks, until = self._audits.pop(key, (0, 0.0))

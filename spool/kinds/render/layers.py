@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from spool.core.errors import Failed, InvalidInput
+from spool.core.model import LayerBox
 from spool.kinds.render import fonts
 from spool.kinds.render.recipe import Fit, Overlay, Recipe, Text, shape
 from spool.media.safearea import Rect, aspect, safe_area
@@ -285,8 +286,6 @@ def overlay_box(step: Overlay, frame: tuple[int, int], src: Source, safe: Rect) 
 def plan(recipe: Recipe, sources: Mapping[str, Source], cfg: Layers, render: Render) -> list[LayerBox]:
     """Every text and overlay step's box in the output frame, checked against its
     safe area. Raises :class:`InvalidInput` naming the step and the numbers."""
-    from spool.core.model import LayerBox
-
     fit_at = next((i for i, s in enumerate(recipe.steps) if isinstance(s, Fit)), None)
     sh = shape(recipe, sources)
     frame = (sh.width, sh.height)

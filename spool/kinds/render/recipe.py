@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 import msgspec
 
 from spool.core.errors import InvalidInput
+from spool.core.model import Expect
 from spool.core.submission import Role
 
 if TYPE_CHECKING:
@@ -358,8 +359,6 @@ def shape(recipe: Recipe, sources: Mapping[str, Source]) -> Shape:
 
 def default_expect(recipe: Recipe, sources: Mapping[str, Source], tolerance: float) -> Expect:
     """Expectations implied by the recipe; the validation gate checks them."""
-    from spool.core.model import Expect
-
     sh = shape(recipe, sources)
     enc = recipe.encode
     return Expect(

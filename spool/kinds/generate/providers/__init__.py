@@ -54,7 +54,10 @@ _FROM_BASE = frozenset(
 
 def _builtin() -> dict[str, Factory]:
     """The built-in kinds (their clients import httpx)."""
+    # here: httpx (which brings click and rich) loads on first use (+~165 ms)
     from spool.kinds.generate.providers.replicate import Replicate
+
+    # here: httpx (which brings click and rich) loads on first use (+~165 ms)
     from spool.kinds.generate.providers.runway import Runway
 
     return {"replicate": Replicate, "runway": Runway}
@@ -62,6 +65,7 @@ def _builtin() -> dict[str, Factory]:
 
 def __getattr__(name: str) -> Any:
     if name in _FROM_BASE:
+        # here: httpx (which brings click and rich) loads on first use (+~165 ms)
         from spool.kinds.generate.providers import base
 
         return getattr(base, name)
@@ -105,6 +109,7 @@ def kinds() -> dict[str, Factory]:
 
 def _lazy(ep: Any) -> Factory:
     def make(config: ProviderConfig, token: str, **kw: Any) -> Provider:
+        # here: httpx (which brings click and rich) loads on first use (+~165 ms)
         from spool.kinds.generate.providers.base import Provider
 
         try:

@@ -39,25 +39,16 @@ from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 import msgspec
 
 from spool.core import secrets
-from spool.core.errors import SpoolError
 from spool.kinds.base import Abort
 from spool.kinds.generate.providers.config import ProviderConfig
-
-#: Normalised provider statuses. ``queued`` covers "accepted, not started" and
-#: "throttled"; ``failed`` covers the provider's own aborts; ``unknown`` is a status
-#: the provider does not document (never final: polled until the deadline).
-Status = Literal["queued", "running", "succeeded", "failed", "canceled", "unknown"]
-#: Statuses after which a generation never changes at the provider.
-FINAL: frozenset[str] = frozenset({"succeeded", "failed", "canceled"})
-
-Outcome = Literal["retryable", "final", "ambiguous"]
+from spool.kinds.generate.providers.errors import FINAL, Outcome, ProviderError, Status
 
 #: Largest excerpt of a provider's reply quoted in an error.
 EXCERPT = 200
@@ -123,47 +114,6 @@ class Downloaded(msgspec.Struct, kw_only=True):
     checksum_checked: bool = False
     content_type: str | None = None
     seconds: float = 0.0
-
-
-class ProviderError(SpoolError):
-    """A provider operation that did not give an answer; ``outcome`` says what may follow."""
-
-    def __init__(
-        self,
-        provider: str,
-        operation: str,
-        problem: str,
-        *,
-        outcome: Outcome,
-        code: str,
-        http_status: int | None = None,
-        retry_after: float | None = None,
-        next_action: str | None = None,
-    ) -> None:
-        self.provider = provider
-        self.operation = operation
-        self.problem = secrets.redact(problem)
-        self.outcome: Outcome = outcome
-        #: A short machine tag: rate_limited, quota, server_error, timeout, connect,
-        #: unauthorized, lost, invalid, bad_reply, transit, truncated, too_large, checksum,
-        #: expired, stalled, aborted, http.
-        self.code = code
-        self.http_status = http_status
-        self.retry_after = retry_after
-        self.next_action = next_action
-        text = f"provider {provider!r}: {operation} {self.problem}"
-        if next_action:
-            text += f"; next: {next_action}"
-        super().__init__(text)
-
-    @property
-    def retryable(self) -> bool:
-        return self.outcome == "retryable"
-
-    @property
-    def back_pressure(self) -> bool:
-        """Whether the whole provider (not just this job) should be left alone for a while."""
-        return self.code in ("rate_limited", "server_error")
 
 
 # -- pure helpers --------------------------------------------------------------
