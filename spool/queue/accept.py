@@ -247,6 +247,23 @@ def _freeze(tree: Tree, dest: Path, copy: Path, data: bytes) -> None:
     write_atomic(copy, data, mode=0o444, folder_later=True)
 
 
+def restore_copy(tree: Tree, jid: str) -> None:
+    """The frozen copy of an accepted job whose acceptance died after its job file and
+    before the copy (crash point ``after_job_file``), made by whoever takes the job up
+    again: a redelivered drop, a resumed adoption. Nothing when it is there."""
+    copy = tree.job_attempts(jid) / JOB_COPY
+    if copy.exists():
+        return
+    loc = locate(tree, jid)
+    if loc is None:
+        return
+    try:
+        data = loc.path.read_bytes()
+    except FileNotFoundError:
+        return  # moved on meanwhile: whoever moved it owns it now
+    _freeze(tree, loc.path, copy, data)
+
+
 def state_of(job: Job) -> str:
     """The state a newly accepted job starts in."""
     return "pending" if job.resolved else "waiting"
@@ -523,10 +540,7 @@ def _accept_or_reject(
             # Its batch was cut short before the journal line (or the drop's removal), or
             # even before the frozen copy: make that now, and say it, so the journal has
             # every acceptance.
-            copy = tree.job_attempts(done.job_id) / JOB_COPY
-            loc = locate(tree, done.job_id)
-            if loc is not None and not copy.exists():
-                _freeze(tree, loc.path, copy, encode(done))
+            restore_copy(tree, done.job_id)
             why = f"accepted from {name} (before a crash)"
             journal.record(done.job_id, state_of(done), from_=from_, reason=why)
             return Accepted(done, tree.job_file(state_of(done), done.job_id))
