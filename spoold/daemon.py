@@ -434,10 +434,15 @@ class Daemon:
                 continue
 
     def _fill_slots(self) -> None:
-        """Publish the attempts that are ready (format 2) and claim the best pending jobs
-        while their pools have room (a job whose pool is full waits; one from another pool
-        may still go): one group-commit batch, so the moves out of and into this worker's
-        running folder share its fsync (:func:`spool.queue.publish.commit`)."""
+        """Claim the best pending jobs while their pools have room (a job whose pool is full
+        waits; one from another pool may still go), start them, then publish the attempts
+        that are ready (format 2).
+
+        The claims go first, in a group-commit batch of their own (their folder fsyncs once
+        for all), and start at once: the slot of an attempt whose publish is prepared is
+        free (the slot count limits production, not publishing), so the next job is
+        produced while this loop commits the previous one's publish
+        (:func:`spool.queue.publish.commit`), instead of after it."""
         self._quarantine_damaged()
         v2 = formats.writing(self.tree.root) >= 2
         ready = self._take_ready()
@@ -447,33 +452,46 @@ class Daemon:
         claimed: list[tuple[str, str]] = []
         opened: dict[str, tuple[JobBase, Attempt] | quarantine.Damaged | None] = {}
         rooms = self._gates() if claiming else {}
-
-        def claim_into_free_slots() -> None:
-            for r in ready:
-                self._release(r.job_id)  # its attempt is done: its slot is free for a claim
-            if claiming:
-                self._claim_batch(claimed, rooms, opened if v2 else None)
-
+        for r in ready:
+            self._release(r.job_id)  # its attempt is done: its slot is free for a claim
         try:
-            if ready:
-                results = publish.commit(self.ctx, ready, also=claim_into_free_slots)
-            else:
+            if claiming:
                 # The claims' folder fsyncs, once for all (and each claim's attempt folder:
                 # format 2 opens them here), then they start.
                 with groupcommit.together(at_once=v2):
-                    claim_into_free_slots()
-                results = []
+                    self._claim_batch(claimed, rooms, opened if v2 else None)
         except BaseException:
             # Claimed or ready but maybe not durable: none starts or is told; recovered by
             # evidence, as at a restart.
-            with self._lock:
-                for jid in [*(r.job_id for r in ready), *(j for j, _ in claimed)]:
-                    self.orphans.add(jid)
-                    self._finished.add(jid)
-                    self._waiting.discard(jid)
+            self._orphan([*(r.job_id for r in ready), *(j for j, _ in claimed)])
+            raise
+        self._start_claimed(claimed, opened, v2)
+        if not ready:
+            return
+        try:
+            results = publish.commit(self.ctx, ready)
+        except BaseException:
+            self._orphan([r.job_id for r in ready])  # maybe not durable: recovered by evidence
             raise
         for r, res in zip(ready, results, strict=True):
             self._published(r, res)
+
+    def _orphan(self, jids: list[str]) -> None:
+        """Jobs whose claim or publish batch failed: none is told; the OrphanRecovery policy
+        recovers each by evidence, as a restart would."""
+        with self._lock:
+            for jid in jids:
+                self.orphans.add(jid)
+                self._finished.add(jid)
+                self._waiting.discard(jid)
+
+    def _start_claimed(
+        self,
+        claimed: list[tuple[str, str]],
+        opened: dict[str, tuple[JobBase, Attempt] | quarantine.Damaged | None],
+        v2: bool,
+    ) -> None:
+        """Start the jobs of a durable claim batch (a thread each, or the driver)."""
         for jid, pool in claimed:
             kind = kinds.owner_of_pool(pool)
             if kind.runner == "driven":
@@ -630,6 +648,8 @@ class Daemon:
         try:
             got = execute.run_to_ready(self.ctx, job, attempt)
             if isinstance(got, Ready):
+                # Said before the hand-over, so it precedes the next claim of this slot.
+                log.info("%s: attempt %d produced, its publish prepared", jid, attempt.n)
                 with self._lock:
                     if not self._ready:
                         self._ready_since = time.monotonic()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -227,6 +228,20 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, interval: floa
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {predicate}")
+
+
+def renders_at_once(daemon_log: str) -> int:
+    """The most attempts a daemon had producing at once, from its own log, in order: an
+    attempt holds its slot from "attempt N started" to the hand-over of its prepared
+    publish ("produced"; format 2). For runs whose attempts all publish."""
+    producing = peak = 0
+    for line in daemon_log.splitlines():
+        if re.search(r": attempt \d+ started$", line):
+            producing += 1
+        elif re.search(r": attempt \d+ produced, its publish prepared$", line):
+            producing -= 1
+        peak = max(peak, producing)
+    return peak
 
 
 def state_files(tree: Tree) -> dict[str, list[str]]:

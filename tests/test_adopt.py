@@ -212,6 +212,7 @@ def small(tmp_path: Path) -> tuple[Tree, Path, Path]:
     "point",
     [
         "mid_adopt",
+        "after_job_file",
         "after_attempt_dir",
         "after_store_link",
         "after_manifest",
@@ -239,6 +240,10 @@ def test_a_crash_at_any_point_of_the_adopt_batch_is_finished_by_the_next_run(sma
     assert set(out["counts"]) <= {"adopted", "already", "resumed"} and sum(out["counts"].values()) == 6
     state = library_state(tree)
     assert len(state) == 6 and all(rev == 1 for rev, *_ in state.values())  # never a second revision
+    # Every job has its frozen copy before fsck (which would make a lost one again): a kill
+    # is no power cut, so none may be missing.
+    for done in tree.complete.glob("*.json"):
+        assert (tree.job_attempts(done.stem) / "job.json").is_file(), done.stem
     assert_sound(tree)
 
 

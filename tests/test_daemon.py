@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import minimal, run_cli, state_files, wait_for, write_json
+from conftest import minimal, renders_at_once, run_cli, state_files, wait_for, write_json
 
 from spool.core import config, settings
 from spool.disk.tree import HOST, Tree
@@ -50,15 +50,18 @@ def test_drain_runs_everything_within_max_active(tree, assets, daemons):
     d = daemons(tree, "w1", drain=True)
     assert d.wait() == 0, d.output()
     assert len(state_files(tree)["complete"]) == 5
-    running = peak = 0
+    # max_active bounds the renders (SPEC 7), not the publishes waiting for a batch.
+    assert renders_at_once(d.output()) == 2, "two slots were never used at once, or more were"
+    # A prepared publish waits for the loop's next batch while the freed slot renders the
+    # next job: so the jobs in running/ are at most the renders plus one batch in hand.
+    running = in_running = 0
     for e in _events(tree):
         if e["to"] == "running":
             running += 1
         elif e.get("from") == "running":
             running -= 1
-        peak = max(peak, running)
-    assert peak <= 2
-    assert peak == 2, "two slots were never used at once"
+        in_running = max(in_running, running)
+    assert 2 <= in_running <= 4
 
 
 def test_priority_decides_what_runs_first(tree, assets, daemons):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import run_cli
 from libhelp import allow_noop, noop_sub, tags_for
 
 from spool.disk import groupcommit
@@ -188,9 +189,11 @@ def _journal(tree: Tree) -> list[dict[str, Any]]:
     return lines
 
 
-def _drained_once_each(tree: Tree, daemons: Callable[..., Any], names: list[str]) -> None:
+def _drained_once_each(
+    tree: Tree, daemons: Callable[..., Any], names: list[str], env: dict[str, str] | None = None
+) -> None:
     """Restart the daemon and drain: every job complete exactly once, nothing rejected."""
-    d = daemons(tree, "w1", drain=True)
+    d = daemons(tree, "w1", drain=True, env=env or {})
     assert d.wait(timeout=60) == 0, d.output()
     assert sorted(visible_names(tree.complete)) == [f"{n}@1.json" for n in names]
     for state in ("pending", "failed", "rejected"):
@@ -214,6 +217,28 @@ def test_a_crash_mid_accept_batch_keeps_every_drop_and_accepts_each_once(tree: T
     assert _taken(tree) == names
     assert [e for e in _journal(tree) if e["to"] == "pending"] == []
     _drained_once_each(tree, daemons, names)
+
+
+@pytest.mark.parametrize("fmt", ["1", "2"])
+def test_a_crash_between_a_job_file_and_its_frozen_copy_makes_the_copy_at_redelivery(
+    tree: Tree, daemons, fmt: str
+):
+    """Killed after the job file and before its frozen copy: the redelivered drop is
+    recognised as accepted, and its acceptance makes the copy then (fsck finds none missing)."""
+    allow_noop(tree)
+    names = ["fc-a"]
+    _drop(tree, names)
+    env = {"SPOOL_CRASH_AT": "after_job_file", "SPOOL_WRITE_FORMAT": fmt}
+    d = daemons(tree, "w1", drain=True, env=env)
+    assert d.wait(timeout=60) == -9
+    assert sorted(visible_names(tree.pending)) == ["fc-a@1.json"]
+    assert not (tree.job_attempts("fc-a@1") / "job.json").exists()  # the window this covers
+    assert _taken(tree) == names
+    _drained_once_each(tree, daemons, names, env={"SPOOL_WRITE_FORMAT": fmt})
+    copy = tree.job_attempts("fc-a@1") / "job.json"
+    assert copy.read_bytes() == (tree.complete / "fc-a@1.json").read_bytes()
+    r = run_cli("fsck", "--json", "--no-repair", spool=tree, env={"SPOOL_WRITE_FORMAT": fmt})
+    assert json.loads(r.stdout)["problems"] == [], r.stdout
 
 
 def test_a_crash_between_the_folders_of_an_accept_batch_loses_nothing(tree: Tree, daemons):

@@ -8,7 +8,7 @@ import time
 
 import invariants
 import pytest
-from conftest import minimal, run_cli, state_files, wait_for, write_json
+from conftest import minimal, renders_at_once, run_cli, state_files, wait_for, write_json
 
 from spool.core import settings
 from spool.disk.tree import HOST
@@ -113,6 +113,9 @@ def test_claims_stay_within_the_temp_disk_allowance(tree, assets, daemons):
     wait_for(lambda: len(state_files(tree)["complete"]) == 3, timeout=60)
     d.signal(15)
     d.wait()
+    # One render at a time (a publish prepared and waiting for its batch holds no slot and
+    # no temporary disk: its output is the store's now).
+    assert renders_at_once(d.output()) == 1
     running = peak = 0
     events = sorted(
         (json.loads(x) for f in tree.events.glob("*.jsonl") for x in f.read_text().splitlines()),
@@ -122,7 +125,7 @@ def test_claims_stay_within_the_temp_disk_allowance(tree, assets, daemons):
         running += e["to"] == "running"
         running -= e.get("from") == "running"
         peak = max(peak, running)
-    assert peak == 1
+    assert 1 <= peak <= 2  # the render, and at most the one whose publish is being committed
 
 
 @pytest.fixture()

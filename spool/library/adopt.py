@@ -423,6 +423,10 @@ class Adoption:
                     self._states[name] = _name_states_of(self.tree, name)
                 return self._adopt_once_more(f, name, tags)
             crashpoint("mid_adopt")  # accepted, not claimed: the next run finds it pending
+        else:
+            # An earlier run's acceptance may have died before the job's frozen copy (another
+            # of its threads hit a crash point, or a kill): make it before taking the job on.
+            accept.restore_copy(self.tree, jid)
         if not claim.claim(self.tree, self.worker, jid):
             return Item(f.rel, name, "busy", job=jid, reason="another process claimed it", bytes=f.size)
         outcome = self._execute(jid)

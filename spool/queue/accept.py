@@ -214,28 +214,54 @@ def commit(tree: Tree, job: Job, data: bytes | None = None) -> Path:
             write_atomic(dest, data, replace=False)
         except FileExistsError:
             raise InvalidInput("name", f"job {jid} already exists; submit a new revision") from None
-        try:
-            os.link(dest, copy)
-            return dest
-        except FileExistsError:
-            return dest  # a crashed acceptance of these same bytes left its copy (_crashed_acceptance)
-        except FileNotFoundError:
-            pass  # a daemon claimed the job already (its file moved on): a copy of its own
-        except OSError as exc:
-            if exc.errno not in NO_LINKS:
-                raise
-        # No hard links here, or nothing left to link: a copy of its own, fsynced.
-        write_atomic(copy, data, mode=0o444, folder_later=True)
+        crashpoint("after_job_file")  # the job file written, its frozen copy not yet
+        _freeze(tree, dest, copy, data)
         return dest
     try:
         write_atomic(dest, data, replace=False)
     except FileExistsError:
         raise InvalidInput("name", f"job {jid} already exists; submit a new revision") from None
+    crashpoint("after_job_file")
     # For fsck (issue 11.14). Its folder is fsynced with the first attempt's number
     # (attempt.open_attempt): until then the job file itself is durable in pending/,
     # and the copy only matters once that file has gone missing.
     write_atomic(copy, data, mode=0o444, folder_later=True)
     return dest
+
+
+def _freeze(tree: Tree, dest: Path, copy: Path, data: bytes) -> None:
+    """The frozen copy ``attempts/J/job.json`` of the job file ``dest`` (whose bytes are
+    ``data``): format 2 links it as the job file's second name, format 1 writes a file."""
+    if formats.writing(tree.root) >= 2:
+        try:
+            os.link(dest, copy)
+            return
+        except FileExistsError:
+            return  # a crashed acceptance of these same bytes left its copy (_crashed_acceptance)
+        except FileNotFoundError:
+            pass  # a daemon claimed the job already (its file moved on): a copy of its own
+        except OSError as exc:
+            if exc.errno not in NO_LINKS:
+                raise
+    # No hard links here (or format 1), or nothing left to link: a copy of its own, fsynced.
+    write_atomic(copy, data, mode=0o444, folder_later=True)
+
+
+def restore_copy(tree: Tree, jid: str) -> None:
+    """The frozen copy of an accepted job whose acceptance died after its job file and
+    before the copy (crash point ``after_job_file``), made by whoever takes the job up
+    again: a redelivered drop, a resumed adoption. Nothing when it is there."""
+    copy = tree.job_attempts(jid) / JOB_COPY
+    if copy.exists():
+        return
+    loc = locate(tree, jid)
+    if loc is None:
+        return
+    try:
+        data = loc.path.read_bytes()
+    except FileNotFoundError:
+        return  # moved on meanwhile: whoever moved it owns it now
+    _freeze(tree, loc.path, copy, data)
 
 
 def state_of(job: Job) -> str:
@@ -511,8 +537,10 @@ def _accept_or_reject(
     except InvalidInput as exc:
         done = _already_accepted(tree, data) if redelivered else None
         if done is not None:
-            # Its batch was cut short before the journal line (or the drop's removal):
-            # say it now, so the journal has every acceptance.
+            # Its batch was cut short before the journal line (or the drop's removal), or
+            # even before the frozen copy: make that now, and say it, so the journal has
+            # every acceptance.
+            restore_copy(tree, done.job_id)
             why = f"accepted from {name} (before a crash)"
             journal.record(done.job_id, state_of(done), from_=from_, reason=why)
             return Accepted(done, tree.job_file(state_of(done), done.job_id))

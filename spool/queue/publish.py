@@ -22,14 +22,14 @@ running job whose attempt holds the evidence recovery needs.
 
 **Batches** (format 2, :mod:`spool.disk.formats`). The same steps for several jobs
 that end close together, in two halves. :func:`prepare`, on the attempt's own
-thread: steps 1-3, the object's bytes fsynced and linked, the manifest written
-and fsynced under a hidden temp name (nothing named yet). :func:`commit`, once
-for the batch: every object's store folder fsynced (at once: they need no order
-among them), then every manifest linked into ``manifests/`` and that folder
-fsynced once; then one index segment for them all (:mod:`spool.library.segments`,
-durable); then every move to ``complete/`` and the folders fsynced once (with
-whatever else the caller puts in that batch: the daemon's next claims); then
-the journal lines. Each job is fenced on its own: one taken away meanwhile is
+thread: steps 1-3, the object's bytes fsynced and linked and its store folder
+fsynced, the manifest written and fsynced under a hidden temp name (nothing
+named yet). :func:`commit`, once for the batch: every manifest linked into
+``manifests/`` and that folder fsynced once; then one index segment for them
+all (:mod:`spool.library.segments`, durable); then every move to ``complete/``
+and the folders fsynced once; then the journal lines. (The daemon claims its
+next jobs just before, in a batch of their own, so they run while it commits.)
+Each job is fenced on its own: one taken away meanwhile is
 dropped from the batch, the others go on. A job's publish alone is a batch of
 one (recovery, the CLI, a generation's driver).
 
@@ -206,7 +206,7 @@ def _told(ctx: Context, job: JobBase, attempt: Attempt, manifest: Manifest, note
 @dataclass
 class Ready:
     """A job whose attempt is done and whose publish is prepared (:func:`prepare`):
-    its object stored (bytes durable, its folder not yet fsynced) and its manifest
+    its object stored (bytes and name durable) and its manifest
     written durably under a hidden temp name in ``manifests/``."""
 
     job: JobBase
@@ -237,6 +237,10 @@ def prepare(
     1-3 and the manifest's bytes. Raises :class:`Failed` (store) or
     :class:`LostOwnership`."""
     stored = _stored(ctx, job, candidate, folder_later=True)
+    # The object's name, durable here on the attempt's own thread (while the daemon commits
+    # other batches) rather than in the batch: shards are rarely shared by a batch, and an
+    # object found already stored ("existing") may be another thread's, not yet fsynced.
+    fsync_dir(stored.path.parent)
     crashpoint("after_store_link")
     rec = read(attempt.dir / "attempt.json", AttemptRecord)
     manifest = _manifest(ctx, job, attempt, stored, report, render_seconds, note, rec)
@@ -268,24 +272,17 @@ def _drop(temp: Path) -> None:
         pass
 
 
-def commit(
-    ctx: Context, batch: list[Ready], *, also: Callable[[], None] | None = None
-) -> list[Manifest | BaseException]:
+def commit(ctx: Context, batch: list[Ready]) -> list[Manifest | BaseException]:
     """The half of a batch's publish done once for all (see the module docstring).
 
     Returns, per job in order, the manifest that names its output now, or the
-    exception that ended it (:class:`LostOwnership` when it was taken away). ``also``
-    runs inside the last group-commit batch, after the moves to ``complete/``: the
-    daemon claims there, so one fsync of its running folder serves both. An
+    exception that ended it (:class:`LostOwnership` when it was taken away). An
     ``OSError`` of the batch itself is raised: its jobs stay in ``running/`` for
     recovery by evidence."""
     tree = ctx.tree
     out: dict[str, Manifest | BaseException] = {}
     try:
-        # 2b. The objects' store folders, at once: an object is durable before a manifest names it.
-        with together(at_once=True):
-            for r in batch:
-                fsync_dir(tree.root / r.manifest.output.store_path.rpartition("/")[0])
+        # 2b. (Each object's name is durable already: :func:`prepare` fsynced its store folder.)
         # 4. The manifests, then their folder once.
         with together():
             for r in batch:
@@ -306,7 +303,7 @@ def commit(
         for r in live:
             if r.on_stage is not None:
                 r.on_stage("indexed")
-        # 5. The moves, and whatever the caller adds, then their folders once.
+        # 5. The moves, then their folders once.
         moved: list[Ready] = []
         with together(at_once=True):
             for k, r in enumerate(live):
@@ -319,8 +316,6 @@ def commit(
                     moved.append(r)
                 except LostOwnership as exc:
                     out[r.job_id] = exc
-            if also is not None:
-                also()
     finally:
         for r in batch:
             _drop(r.temp)  # linked (a second name) or no longer needed
