@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
 
 from spool.core import secrets
 from spool.core.errors import InvalidInput, NotFound, SpoolError
-from spool.core.printable import printable
+from spool.core.printable import map_strings, printable
 from spool.disk import formats
 from spool.disk.tree import Tree
 
@@ -90,29 +90,7 @@ def unsecret(value: Any) -> Any:
     JSON (which escapes some characters a secret may hold)."""
     if not secrets.known():
         return value  # nothing to mask: skip the walk (100,000 rows of `spool ls --json`)
-    # A record exists only where msgspec was imported to decode it: never import it here.
-    msgspec = sys.modules.get("msgspec")
-
-    def walk(value: Any) -> Any:
-        if isinstance(value, str):
-            return secrets.redact(value)
-        if msgspec is not None and isinstance(value, msgspec.Struct):
-            changed = {}
-            for name in value.__struct_fields__:
-                old = getattr(value, name)
-                new = walk(old)
-                if new is not old:
-                    changed[name] = new
-            return msgspec.structs.replace(value, **changed) if changed else value
-        if isinstance(value, dict):
-            return {walk(k): walk(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [walk(v) for v in value]
-        if isinstance(value, tuple):
-            return tuple(walk(v) for v in value)
-        return value
-
-    return walk(value)
+    return map_strings(value, secrets.redact)
 
 
 # -- helpers -------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
 from typing import Any
 
 _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
@@ -56,11 +57,17 @@ def unsafe(text: str) -> bool:
 def printable_all(value: Any) -> Any:
     """``value`` with every string in it (keys too) passed through :func:`printable`,
     keeping its types (records stay records): for what rich lays out."""
-    msgspec = sys.modules.get("msgspec")  # a record exists only where msgspec decoded it
+    return map_strings(value, printable)
+
+
+def map_strings(value: Any, fn: Callable[[str], str]) -> Any:
+    """``value`` with ``fn`` applied to every string in it (dict keys too), keeping its
+    types: records stay records, and what ``fn`` leaves alone is the same object."""
+    msgspec = sys.modules.get("msgspec")  # records exist only where msgspec decoded: never import it
 
     def walk(value: Any) -> Any:
         if isinstance(value, str):
-            return printable(value)
+            return fn(value)
         if msgspec is not None and isinstance(value, msgspec.Struct):
             changed = {}
             for name in value.__struct_fields__:

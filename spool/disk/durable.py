@@ -233,18 +233,9 @@ def write_atomic(
                 os.fsync(fd)
         finally:
             os.close(fd)
-        if mode is not None:
-            os.chmod(tmp, mode)  # the umask may have narrowed it
-        if replace:
-            os.replace(tmp, path)
-        else:
-            link_no_replace(tmp, path)
-            os.unlink(tmp)
+        _take_name(tmp, path, mode, replace)  # the umask may have narrowed the mode
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        _drop(tmp)
         raise
     if durable and not folder_later:
         fsync_dir(folder)
@@ -291,21 +282,32 @@ def copy_verified(
             copied = hashlib.file_digest(f, "sha256").hexdigest()
         if copied != want:
             raise OSError(errno.EIO, f"the copy of {src.name} does not match sha256 {want}", str(dst))
-        if mode is not None:
-            os.chmod(tmp, mode)
-        if replace:
-            os.replace(tmp, dst)
-        else:
-            link_no_replace(tmp, dst)
-            os.unlink(tmp)
+        _take_name(tmp, dst, mode, replace)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        _drop(tmp)
         raise
     if not folder_later:
         fsync_dir(dst.parent)
+
+
+def _take_name(tmp: Path, dst: Path, mode: int | None, replace: bool) -> None:
+    """A finished temp file becomes ``dst``: its mode set first, then renamed over ``dst``
+    (``replace``) or linked to it without replacing (``FileExistsError``)."""
+    if mode is not None:
+        os.chmod(tmp, mode)
+    if replace:
+        os.replace(tmp, dst)
+    else:
+        link_no_replace(tmp, dst)
+        os.unlink(tmp)
+
+
+def _drop(tmp: Path) -> None:
+    """Remove a writer's temp file after an error (it may never have been made)."""
+    try:
+        os.unlink(tmp)
+    except OSError:
+        pass
 
 
 def link_or_copy(
