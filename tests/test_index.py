@@ -88,7 +88,17 @@ def test_publish_writes_a_segment_line_that_a_merge_turns_into_shared_entries(tr
         tree, decode(tree.manifest_file(jid).read_bytes(), Manifest), cfg.acceptance.required_tags
     )
     assert segments.listed(tree) == [seg]
+    segments.clear_cache()  # as another process sees it: the segment read from disk
+    index.index_job(
+        tree, decode(tree.manifest_file(jid).read_bytes(), Manifest), cfg.acceptance.required_tags
+    )
+    assert segments.listed(tree) == [seg]
     assert segments.merge(tree) == (1, 1)
+    assert segments.listed(tree) == []
+    # Merged: still indexed (its merged version entry), so again no segment.
+    index.index_job(
+        tree, decode(tree.manifest_file(jid).read_bytes(), Manifest), cfg.acceptance.required_tags
+    )
     assert segments.listed(tree) == []
     for tag, value in tags.items():
         assert (tree.root / "index" / tag / encode_value(value) / jid).is_file()

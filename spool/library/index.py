@@ -149,8 +149,7 @@ def index_jobs(
             _index_v1(tree, m, required_tags)
         return
     if not force:
-        snap = Snapshot(tree)
-        manifests = [m for m in manifests if not snap.is_indexed(m.job_id)]
+        manifests = unindexed(tree, manifests)
     if not manifests:
         return
     at = now()
@@ -159,6 +158,22 @@ def index_jobs(
     segments.write(tree, lines, writer or f"{HOST}-cli")
     for x in lines:
         RECENT_DELAYS.append(max(0.0, (x.indexed_at - x.published_at).total_seconds()))
+
+
+def unindexed(tree: Tree, manifests: list[Manifest]) -> list[Manifest]:
+    """The manifests whose job is not indexed yet: no segment line (asked first: a merge
+    makes its entries before it removes its segments), no merged version entry, no format 1
+    version record. A stat or two a job, whatever the size of the index."""
+    in_segments = segments.indexed(tree, (m.job_id for m in manifests))
+    out = []
+    for m in manifests:
+        if m.job_id in in_segments:
+            continue
+        name, rev = split_job_id(m.job_id)
+        if segments.merged_version(tree, name, rev).exists() or version_file(tree, name, rev).exists():
+            continue
+        out.append(m)
+    return out
 
 
 def _tags_of(manifest: Manifest, required_tags: list[str]) -> list[tuple[str, str]]:

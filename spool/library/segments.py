@@ -140,6 +140,7 @@ def write(tree: Tree, lines: list[Line], writer: str) -> Path:
     data = b"".join(_encoder.encode(x) + b"\n" for x in lines)
     path = d / _name(writer)
     write_atomic(path, data, mode=0o444, replace=False)
+    _remember(path.name, list(lines))  # what it holds is known: no read back
     return path
 
 
@@ -153,6 +154,25 @@ def listed(tree: Tree) -> list[str]:
 
 #: file name -> its lines: a segment never changes once it has its name.
 _parsed: dict[str, list[Line]] = {}
+#: file name -> the jobs it has lines of (beside :data:`_parsed`).
+_jobs_of: dict[str, frozenset[str]] = {}
+
+
+def _remember(fname: str, lines: list[Line]) -> None:
+    _parsed[fname] = lines
+    _jobs_of[fname] = frozenset(x.job_id for x in lines)
+
+
+def _forget(fname: str) -> None:
+    _parsed.pop(fname, None)
+    _jobs_of.pop(fname, None)
+
+
+def _forget_all_but(names: list[str]) -> None:
+    """Forget the segments not in ``names`` (merged and removed: bounded memory)."""
+    keep = set(names)
+    for stale in [k for k in _parsed if k not in keep]:
+        _forget(stale)
 
 
 def _read(tree: Tree, fname: str) -> list[Line] | None:
@@ -170,8 +190,22 @@ def _read(tree: Tree, fname: str) -> list[Line] | None:
             out.append(_decoder.decode(raw))
         except msgspec.DecodeError:
             continue  # a torn line (never written whole): nothing to index
-    _parsed[fname] = out
+    _remember(fname, out)
     return out
+
+
+def indexed(tree: Tree, job_ids: Iterable[str]) -> set[str]:
+    """Which of ``job_ids`` have a line in an unmerged segment: one listing, and per
+    segment a set lookup (each segment is read once a process), however many lines the
+    segments hold. The publish path asks this for every batch."""
+    want = set(job_ids)
+    found: set[str] = set()
+    names = listed(tree)
+    _forget_all_but(names)
+    for fname in names:
+        if want and _read(tree, fname) is not None:
+            found |= want & _jobs_of[fname]
+    return found
 
 
 class View:
@@ -180,9 +214,7 @@ class View:
 
     def __init__(self, tree: Tree) -> None:
         names = listed(tree)
-        keep = set(names)
-        for stale in [k for k in _parsed if k not in keep]:
-            del _parsed[stale]  # merged and removed: forget it (bounded memory)
+        _forget_all_but(names)
         self.files: dict[str, list[Line]] = {}
         for fname in names:
             lines = _read(tree, fname)
@@ -320,7 +352,7 @@ def merge(
             os.unlink(folder(tree) / fname)
         except FileNotFoundError:
             pass  # another merger took it
-        _parsed.pop(fname, None)
+        _forget(fname)
     fsync_dir(folder(tree))
     return len(names), len(jobs)
 
@@ -342,7 +374,7 @@ def compact(tree: Tree, writer: str) -> int:
             os.unlink(folder(tree) / fname)
         except FileNotFoundError:
             pass
-        _parsed.pop(fname, None)
+        _forget(fname)
     fsync_dir(folder(tree))
     return len(names)
 
@@ -367,6 +399,7 @@ def pending_of(tree: Tree, writer: str) -> tuple[int, int]:
 
 def clear_cache() -> None:
     _parsed.clear()
+    _jobs_of.clear()
 
 
 __all__ = [
@@ -376,6 +409,7 @@ __all__ = [
     "View",
     "compact",
     "due",
+    "indexed",
     "line_of",
     "merge",
     "write",
