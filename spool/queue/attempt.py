@@ -36,7 +36,7 @@ from __future__ import annotations
 import errno
 import os
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
@@ -51,6 +51,16 @@ class Attempt:
     tree: Tree
     job_id: str
     n: int
+    #: ``attempt.json`` as this process wrote it at the claim (``None``: not this
+    #: process's attempt, or not known; read the file).
+    claimed: AttemptRecord | None = field(default=None, compare=False, repr=False)
+
+    def claim_record(self) -> AttemptRecord | None:
+        """``attempt.json`` as written at the claim: in hand if this process wrote it."""
+        if self.claimed is not None:
+            return self.claimed
+        got: AttemptRecord | None = read(self.dir / "attempt.json", AttemptRecord)
+        return got
 
     @property
     def dir(self) -> Path:
@@ -120,7 +130,7 @@ def open_attempt(
             rec = msgspec.structs.replace(rec, n=n)
     if durable:
         fsync_dir(parent)
-    return Attempt(tree, job_id, n)
+    return Attempt(tree, job_id, n, rec)
 
 
 def _remove_staging(staging: Path) -> None:

@@ -166,7 +166,7 @@ def _publish_v1(
     tree = ctx.tree
     stored = _stored(ctx, job, candidate, folder_later=False)
     crashpoint("after_store_link")
-    rec = read(attempt.dir / "attempt.json", AttemptRecord)
+    rec = attempt.claim_record()
     manifest = _manifest(ctx, job, attempt, stored, report, render_seconds, note, rec)
     write_result(attempt, manifest)
     crashpoint("after_result")
@@ -242,7 +242,7 @@ def prepare(
     # object found already stored ("existing") may be another thread's, not yet fsynced.
     fsync_dir(stored.path.parent)
     crashpoint("after_store_link")
-    rec = read(attempt.dir / "attempt.json", AttemptRecord)
+    rec = attempt.claim_record()
     manifest = _manifest(ctx, job, attempt, stored, report, render_seconds, note, rec)
     stage_result(attempt, rec, manifest)
     crashpoint("after_result")
