@@ -332,6 +332,10 @@ class Daemon:
         timeout = 0.05 if reading else 0.5 if self.stopping else self.cfg.daemon.poll_interval
         if self._wake_in is not None:
             timeout, self._wake_in = min(timeout, self._wake_in), None
+        if not self.slots:
+            # Nothing running: this step's journal lines are made durable now, while idle,
+            # not by the next job's first folder fsync (an fsync on its drop-to-claim path).
+            self.journal.commit()
         self.wake.wait(timeout=timeout)
         return True
 
