@@ -22,6 +22,7 @@ import hashlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from io import FileIO
 from pathlib import Path
 
 from spool.core.model import Manifest, PublishedFile
@@ -31,9 +32,13 @@ from spool.disk.tree import Tree, copy_verified, link_or_copy, make_dirs
 def sha256_file(path: Path) -> tuple[str, int]:
     """(hex sha256, size in bytes) of a file, read once."""
     with open(path, "rb", buffering=0) as f:
-        size = os.fstat(f.fileno()).st_size
-        digest = hashlib.file_digest(f, "sha256").hexdigest()
-    return digest, size
+        return _sha256_of(f)
+
+
+def _sha256_of(f: FileIO) -> tuple[str, int]:
+    """(hex sha256, size in bytes) of an open file, read from its start."""
+    size = os.fstat(f.fileno()).st_size
+    return hashlib.file_digest(f, "sha256").hexdigest(), size
 
 
 @dataclass(frozen=True)
@@ -53,17 +58,14 @@ def put(
     ``folder_later``: the store folder is not fsynced here; the caller fsyncs it
     (``stored.path.parent``) before anything names the object (a publish batch
     fsyncs its objects' folders at once)."""
-    digest, size = sha256_file(candidate)
-    final = tree.store_file(digest, ext)
-    make_dirs(final.parent)
-    if _same_object(final, size):
-        return Stored(digest, size, final, "existing")
-    os.chmod(candidate, 0o444)
-    fd = os.open(candidate, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    with open(candidate, "rb", buffering=0) as f:  # hashed and fsynced through one open
+        digest, size = _sha256_of(f)
+        final = tree.store_file(digest, ext)
+        make_dirs(final.parent)
+        if _same_object(final, size):
+            return Stored(digest, size, final, "existing")
+        os.fchmod(f.fileno(), 0o444)
+        os.fsync(f.fileno())
     try:
         if prefer_link:
             method = link_or_copy(candidate, final, digest, mode=0o444, folder_later=folder_later)

@@ -297,8 +297,12 @@ def commit(ctx: Context, batch: list[Ready]) -> list[Manifest | BaseException]:
             if r.on_stage is not None:
                 r.on_stage("stored")
         # 4b. One segment for the batch (the tree's format decides: format 1 writes entries).
-        manifests = [out[r.job_id] for r in live]
-        index.index_jobs(tree, manifests, ctx.cfg.acceptance.required_tags, writer=ctx.worker)  # type: ignore[arg-type]
+        # A manifest linked into place just now has no index line yet (a line follows its
+        # manifest), so only the ones found in place already are looked up in the index.
+        fresh = [r.manifest for r in live if out[r.job_id] is r.manifest]
+        kept = [m for r in live if (m := out[r.job_id]) is not r.manifest and isinstance(m, Manifest)]
+        todo = fresh + (index.unindexed(tree, kept) if kept else [])
+        index.index_jobs(tree, todo, ctx.cfg.acceptance.required_tags, writer=ctx.worker, force=True)
         crashpoint("after_index")
         for r in live:
             if r.on_stage is not None:
