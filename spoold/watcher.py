@@ -68,7 +68,8 @@ class _Folder:
         self.watcher.saw([path])
 
     def on_watch_deleted(self, wd: WatchDescriptor) -> None:
-        log.warning("inotify: %s is no longer watched; relying on polling", self.folder)
+        if not self.watcher.stopping:  # stop() removes every watch: nothing to say then
+            log.warning("inotify: %s is no longer watched; relying on polling", self.folder)
         self.watcher.wake.set()
 
     def on_queue_overflow(self) -> None:
@@ -92,6 +93,7 @@ class Watcher:
         self._changed: set[str] = set()
         self._lock = threading.Lock()
         self._reader: InotifyFD | None = None
+        self.stopping = False
 
     def saw(self, paths: list[str]) -> None:
         with self._lock:
@@ -142,6 +144,7 @@ class Watcher:
 
     def stop(self) -> None:
         if self._reader is not None:
+            self.stopping = True
             self._reader.stop()  # closes the inotify descriptor, which ends its thread
             self._reader.join(timeout=5)
             self._reader = None
