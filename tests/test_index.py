@@ -258,3 +258,40 @@ def test_no_false_hit_or_miss_while_two_daemons_publish(tree, daemons):
             got = catalog.search(tree, cfg, catalog.parse_terms([f"{tag}={value}"])).results
             assert len(got) == sum(1 for i in range(n) if tags_for(i)[tag] == value)
     assert index.check(tree, config.load(tree.config_file).acceptance.required_tags, repair=False) == []
+
+
+def _lines(prefix: str, n: int) -> list[segments.Line]:
+    at = datetime.now().astimezone()
+    return [
+        segments.Line(
+            job_id=f"{prefix}{i}@1", name=f"{prefix}{i}", revision=1, sha256="0" * 64,
+            store_path="store/sha256/00/x", published_at=at, indexed_at=at,
+        )
+        for i in range(n)
+    ]  # fmt: skip
+
+
+def test_a_merge_is_due_by_a_look_at_the_listing_and_the_writers_own_segments(tree, monkeypatch):
+    """``due`` reads no other writer's segment: one it has not read counts as one job,
+    so the writer whose own segments fill the merge threshold sees the merge due."""
+    monkeypatch.setattr(segments, "MERGE_JOBS", 6)
+    monkeypatch.setattr(segments, "COMPACT_FILES", 3)
+    segments.clear_cache()
+    other = segments.write(tree, _lines("b", 10), "w2")
+    segments.clear_cache()  # w2's segment, as another process wrote it: never read here
+    segments.write(tree, _lines("a", 3), "w1")
+    opened: list[str] = []
+    real_open = open
+
+    def spy(path, *a, **k):  # type: ignore[no-untyped-def]
+        opened.append(str(path))
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr("builtins.open", spy)
+    assert segments.due(tree, "w1") is None  # 3 own + 1 unread
+    segments.write(tree, _lines("c", 2), "w1")
+    assert segments.due(tree, "w1") == "merge"  # 5 own + 1 unread
+    assert not any(other.name in p for p in opened)
+    monkeypatch.setattr(segments, "MERGE_JOBS", 100)
+    segments.write(tree, _lines("d", 1), "w1")
+    assert segments.due(tree, "w1") == "compact" and segments.due(tree, "w2") is None

@@ -380,13 +380,17 @@ def compact(tree: Tree, writer: str) -> int:
 
 
 def due(tree: Tree, writer: str) -> str | None:
-    """What a daemon should do about the segments now: ``"merge"`` (all of them hold
-    :data:`MERGE_JOBS` jobs), ``"compact"`` (``writer`` has :data:`COMPACT_FILES`),
-    or nothing."""
-    view = View(tree)
-    if len(view) >= MERGE_JOBS:
+    """What a daemon should do about the segments now: ``"merge"`` (they hold
+    :data:`MERGE_JOBS` jobs), ``"compact"`` (``writer`` has :data:`COMPACT_FILES`), or
+    nothing. One listing: a segment this process has not read counts as one job, unread
+    (each daemon knows its own segments' sizes, so one of them sees a merge due; reading
+    every other writer's new segments at each look cost a daemon a read per job)."""
+    names = listed(tree)
+    _forget_all_but(names)
+    jobs = sum(len(_jobs_of[n]) if n in _jobs_of else 1 for n in names)
+    if jobs >= MERGE_JOBS:
         return "merge"
-    if sum(1 for n in view.files if writer_of(n) == writer) >= COMPACT_FILES:
+    if sum(1 for n in names if writer_of(n) == writer) >= COMPACT_FILES:
         return "compact"
     return None
 
