@@ -141,8 +141,9 @@ def index_jobs(
     """Index published jobs, durably on return, in the format the tree is written in.
 
     Format 1: each job's entries, then its version record (:func:`_index_v1`).
-    Format 2: one segment for all the jobs not indexed yet (``force``: for all,
-    as fsck's repair of a merged job missing an entry does), written by
+    Format 2: one segment for all the jobs not indexed yet (``force``: for all, unasked:
+    as fsck's repair of a merged job missing an entry does, and publish for manifests it
+    has just linked, which no line can name yet), written by
     ``writer`` (a daemon's worker; the CLI's ``<host>-cli`` by default)."""
     if (fmt or formats.writing(tree.root)) == 1:
         for m in manifests:

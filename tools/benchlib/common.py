@@ -31,6 +31,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from .peers import write_fsynced
+
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = REPO / "tools"
 BIN = Path(sys.executable).parent
@@ -188,12 +190,7 @@ def fsync_probe(folder: Path, n: int = 9) -> float:
     try:
         for _ in range(n):
             t0 = time.perf_counter()
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                os.write(fd, b"probe")
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            write_fsynced(path, b"probe", os.O_TRUNC)
             os.fsync(dfd)
             times.append((time.perf_counter() - t0) * 1000)
     finally:

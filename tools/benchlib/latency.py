@@ -54,7 +54,7 @@ from .common import (
     start,
     stop,
 )
-from .peers import fsync_dir
+from .peers import fsync_dir, write_fsynced
 
 
 def _claimed_at(root: Path, job: str) -> float:
@@ -76,12 +76,7 @@ def _floor_once(folder: Path, i: int) -> float:
     name = f"f{i}.json"
     t0 = time.perf_counter()
     tmp = pending / f".{name}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        os.write(fd, b'{"job": "floor"}')
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_fsynced(tmp, b'{"job": "floor"}')
     os.rename(tmp, pending / name)
     fsync_dir(pending)
     os.rename(pending / name, running / name)

@@ -36,17 +36,22 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def write_fsynced(path: Path, data: bytes, flag: int = os.O_EXCL) -> None:
+    """Write ``data`` to ``path`` (created; ``flag``: ``O_EXCL`` or ``O_TRUNC``) and fsync it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | flag, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def raw_enqueue(root: Path, names: list[str], payload: bytes) -> None:
     """Durable writes into ``pending/``: temp, fsync file, rename, fsync folder."""
     pending = root / "pending"
     for name in names:
         tmp = pending / f".{name}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            os.write(fd, payload)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_fsynced(tmp, payload)
         os.rename(tmp, pending / name)
         fsync_dir(pending)
 
