@@ -20,6 +20,7 @@ from spool.disk import groupcommit
 from spool.disk.groupcommit import Coalescer, fsync_folder_now, together
 from spool.disk.tree import Tree, fsync_dir, visible_names
 from spool.queue import accept
+from spool.queue.events import Journal
 
 
 class Watched:
@@ -295,6 +296,47 @@ def test_a_batch_at_once_fsyncs_its_folders_concurrently(tmp_path: Path, watched
     assert len(slow) == 4
     assert time.monotonic() - t0 < 0.3, "the fsyncs ran one after another"
     assert max(s for s, _ in slow) < min(e for _, e in slow)  # all four were under way together
+
+
+def test_a_batch_commits_the_journal_when_it_ends_beside_its_first_folders(tree: Tree):
+    """A journal's lines ride on the next folder fsync; inside a batch that is the batch's
+    end, and the journal's fsync runs beside the first round's folder fsyncs, not before
+    them (it waits for no folder, and no folder waits for it)."""
+    spans: dict[str, tuple[float, float]] = {}
+    journal_fsync = threading.Event()
+
+    def slow_fsync(folder: str) -> None:
+        t0 = time.monotonic()
+        assert journal_fsync.wait(5), "the journal was not committed beside the folder"
+        fsync_folder_now(folder)
+        spans[os.path.basename(folder)] = (t0, time.monotonic())
+
+    j = Journal(tree, "w1")
+    j.record("a@1", "pending", reason="told before the batch")
+    real_fsync = os.fsync
+
+    def watch_fsync(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("w1.jsonl"):
+            journal_fsync.set()
+        real_fsync(fd)
+
+    groupcommit.install(Coalescer(fsync=slow_fsync))
+    try:
+        os.fsync = watch_fsync  # type: ignore[assignment]
+        with together(at_once=True):
+            (tree.pending / "x").touch()
+            fsync_dir(tree.pending)
+            (tree.complete / "y").touch()
+            fsync_dir(tree.complete)
+            assert j.fsyncs == 0, "inside a batch the journal waits for the batch's end"
+    finally:
+        os.fsync = real_fsync  # type: ignore[assignment]
+    assert j.fsyncs == 1
+    assert set(spans) == {"pending", "complete"}
+    # Outside a batch a folder fsync still commits the journal first.
+    j.record("b@1", "pending")
+    fsync_dir(tree.pending)
+    assert j.fsyncs == 2
 
 
 def test_only_an_explicit_act_routes_folder_fsyncs_never_an_import() -> None:

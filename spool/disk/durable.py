@@ -161,6 +161,11 @@ def stop_riding(rider: Any) -> None:
     _riders.discard(rider)
 
 
+def riding() -> bool:
+    """Whether any rider has writes waiting for the next folder fsync."""
+    return bool(_riders)
+
+
 def commit_riders() -> None:
     """Make every rider's writes durable now (a command's end, a daemon's heartbeat or stop)."""
     for rider in list(_riders):
@@ -186,13 +191,14 @@ def fsync_dir(path: Path, after: Path | None = None) -> None:
 
     The riders (this process's journals) are made durable first: the journal's
     group commit rides on the tree's. Then a plain fsync, or the router's
-    (:func:`route_folder_fsyncs`). ``after``: a folder a batch must fsync first
+    (:func:`route_folder_fsyncs`), which commits the riders itself (a batch does so
+    beside its own folder fsyncs). ``after``: a folder a batch must fsync first
     (see :func:`spool.disk.groupcommit.sync_folder`)."""
-    if _riders:
-        commit_riders()
     if _folder_router is not None:
         _folder_router(path, after)
         return
+    if _riders:
+        commit_riders()
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)

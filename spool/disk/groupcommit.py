@@ -28,6 +28,7 @@ many are issued changes. The module does not know the spool tree:
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -36,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 from spool.core.faults import armed, crashpoint
-from spool.disk.tree import route_folder_fsyncs
+from spool.disk.tree import commit_riders, riding, route_folder_fsyncs
 
 #: How long a leader waits, at most, for other threads' requests on its folder (seconds).
 WINDOW = 0.002
@@ -171,13 +172,18 @@ def sync_folder(folder: str | os.PathLike[str], after: str | os.PathLike[str] | 
 
     ``after``: a folder whose fsync must complete first (a move's source folder is
     fsynced after its destination's, so the new name is durable before the old
-    one's removal is); a batch keeps that order even when it fsyncs at once."""
+    one's removal is); a batch keeps that order even when it fsyncs at once.
+
+    The riders (the journals, :func:`spool.disk.tree.ride_folder_fsyncs`) are committed
+    first; a batch commits them when it ends, beside its first folder fsyncs."""
     pending: dict[str, set[str]] | None = getattr(_local, "pending", None)
     if pending is not None:
         deps = pending.setdefault(os.fspath(folder), set())
         if after is not None and os.fspath(after) != os.fspath(folder):
             deps.add(os.fspath(after))
         return
+    if riding():
+        commit_riders()
     _sync_now(os.fspath(folder))
 
 
@@ -205,6 +211,12 @@ def together(*, at_once: bool = False, threads: int = 0) -> Iterator[None]:
     journal commit), one wait per round instead of one per folder. The number of
     fsyncs is the same. ``threads`` bounds how many run at once (0: one thread
     per folder; a merge of the library index touches hundreds).
+
+    The riders' lines (the journals) were all written before the batch began and
+    tell only what earlier fsyncs made durable, so they need no order against the
+    batch's folders: they are committed beside the first round, not before it (one
+    wait fewer a batch; a cut in between may take them, and fsck rebuilds a lost line
+    from the tree).
     """
     if getattr(_local, "pending", None) is not None:
         yield
@@ -219,6 +231,7 @@ def together(*, at_once: bool = False, threads: int = 0) -> Iterator[None]:
     finally:
         _local.pending = None
         try:
+            riders = riding() and bool(pending)
             if at_once and len(pending) > 1:
                 order = rounds(pending)
                 if len(order) == 1 and armed("mid_group_sync"):
@@ -228,12 +241,15 @@ def together(*, at_once: bool = False, threads: int = 0) -> Iterator[None]:
                 for k, batch in enumerate(order):
                     if k == 1:
                         crashpoint("mid_group_sync")  # some folders of the batch durable, the rest not
-                    _sync_all_at_once(batch, threads)
+                    _sync_all_at_once(batch, threads, with_riders=riders and k == 0)
             else:
                 for n, folder in enumerate(pending):
                     if n == 1:
                         crashpoint("mid_group_sync")  # some folders of the batch durable, the rest not
-                    _sync_now(folder)
+                    if n == 0 and riders:
+                        _sync_all_at_once([folder], with_riders=True, wait_for_company=True)
+                    else:
+                        _sync_now(folder)
         except OSError:
             if ok:
                 raise
@@ -270,15 +286,22 @@ def _helpers() -> ThreadPoolExecutor:
         return _pool
 
 
-def _sync_all_at_once(folders: list[str], threads: int = 0) -> None:
+def _sync_all_at_once(
+    folders: list[str], threads: int = 0, *, with_riders: bool = False, wait_for_company: bool = False
+) -> None:
     """fsync every folder concurrently (the first on this thread, the rest on helper
     threads; ``threads`` > 0: at most that many at a time); the first error is raised.
+    ``with_riders``: commit the riders (the journals) beside them, as one more task.
 
-    The caller takes folders from the same list as its helpers, so it never waits on a
+    The caller takes tasks from the same list as its helpers, so it never waits on a
     helper that has not started: it cancels those (busy helpers mean fewer at once,
     never a stall)."""
     errors: list[OSError] = []
-    todo = list(reversed(folders))
+    todo: list[Callable[[], None]] = [
+        functools.partial(_sync_now, f, wait_for_company=wait_for_company) for f in reversed(folders)
+    ]
+    if with_riders:
+        todo.append(commit_riders)  # popped first: this thread starts on it, helpers on the folders
     lock = threading.Lock()
 
     def run() -> None:
@@ -286,13 +309,13 @@ def _sync_all_at_once(folders: list[str], threads: int = 0) -> None:
             with lock:
                 if not todo:
                     return
-                folder = todo.pop()
+                task = todo.pop()
             try:
-                _sync_now(folder, wait_for_company=False)
+                task()
             except OSError as exc:
                 errors.append(exc)
 
-    n = len(folders) if threads <= 0 else min(threads, len(folders))
+    n = len(todo) if threads <= 0 else min(threads, len(todo))
     n = min(n, HELPERS + 1)
     pool = _helpers() if n > 1 else None
     started = [pool.submit(run) for _ in range(n - 1)] if pool is not None else []
