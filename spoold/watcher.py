@@ -54,7 +54,11 @@ class _Folder:
         self.folder = folder
 
     def on_event(self, event: InotifyEvent) -> None:
-        if event.is_directory or not event.name:
+        if event.is_directory or not event.name or event.name.startswith(b"."):
+            # A hidden name is never a drop or a job file: a writer's temp file (a
+            # submitter's, our own job file's before its link), a drop being accepted.
+            # Only its visible end matters (the rename's other half), so it wakes nothing:
+            # each such wake-up cost the loop a step on the drop-to-claim path.
             return
         path = os.path.join(self.folder, os.fsdecode(event.name))
         if event.is_create:

@@ -126,6 +126,39 @@ def test_a_file_open_for_writing_is_not_taken_until_closed(tree: Tree, cfg: Conf
         watcher.stop()
 
 
+class _CountingWaker(Waker):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rings = 0
+
+    def set(self) -> None:
+        self.rings += 1
+        super().set()
+
+
+def test_a_hidden_name_wakes_nothing_only_the_drop_it_becomes_does(tree: Tree):
+    """A submitter's temp file (created, written, closed, renamed away) and our own hidden
+    names are never drops: only the visible end of the rename wakes the loop (each wake
+    was a loop step on the drop-to-claim path)."""
+    waker = _CountingWaker()
+    arrivals = Arrivals(tree.incoming, quiet=30.0)
+    watcher = Watcher([tree.incoming, tree.pending], waker, tree.pending, arrivals)
+    assert watcher.start()
+    try:
+        tmp = tree.incoming / ".drop.json.tmp"
+        tmp.write_bytes(b'{"name": "drop"}')
+        (tree.pending / ".j@1.json.host.1.abcd.tmp").write_bytes(b"{}")
+        os.unlink(tree.pending / ".j@1.json.host.1.abcd.tmp")
+        os.rename(tmp, tree.incoming / "drop.json")
+        # inotify reports in order: once the rename's visible half woke the loop, every
+        # hidden event before it has been seen too
+        wait_for(lambda: waker.rings >= 1, timeout=5)
+        wait_for(lambda: arrivals.ready("drop.json", os.lstat(tree.incoming / "drop.json")), timeout=5)
+        assert waker.rings == 1
+    finally:
+        watcher.stop()
+
+
 def test_without_inotify_a_drop_waits_for_a_quiet_period(tree: Tree, cfg: Config, journal: Journal):
     arrivals = Arrivals(tree.incoming, quiet=0.6)
     path = tree.incoming / "slow.json"
