@@ -9,13 +9,16 @@ import errno
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from spool.disk.tree import NO_LINKS, copy_verified, link_or_copy
+from spool.disk import durable
+from spool.disk.mount import Mount
+from spool.disk.tree import NO_LINKS, copy_verified, link_or_copy, write_atomic
 
 
 @pytest.fixture()
@@ -77,3 +80,72 @@ def test_a_copy_replaces_only_when_asked(tmp_path: Path) -> None:
     assert dst.read_bytes() == b"damaged"
     copy_verified(src, dst, digest, replace=True)  # a damaged store object restored
     assert hashlib.sha256(dst.read_bytes()).hexdigest() == digest
+
+
+# -- write-once: an unnamed file linked to its name -----------------------------------------
+
+
+def test_write_once_makes_no_temp_name_where_the_filesystem_has_unnamed_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a local filesystem the file is written unnamed and linked: a temp name is never
+    asked for (a crash can leave none), the mode is exact and a second write is refused."""
+
+    def no_temp(name: str) -> str:
+        raise AssertionError(f"a temp name was made for {name}")
+
+    monkeypatch.setattr(durable, "temp_name", no_temp)
+    target = tmp_path / "a.json"
+    write_atomic(target, b'{"a": 1}', mode=0o444, replace=False)
+    assert target.read_bytes() == b'{"a": 1}'
+    assert stat.S_IMODE(target.stat().st_mode) == 0o444
+    assert os.listdir(tmp_path) == ["a.json"]
+    with pytest.raises(FileExistsError) as err:
+        write_atomic(target, b"other", replace=False)
+    assert str(target) in str(err.value) and "/proc" not in str(err.value)
+    assert target.read_bytes() == b'{"a": 1}' and os.listdir(tmp_path) == ["a.json"]
+
+
+def test_write_once_falls_back_to_a_temp_name_where_unnamed_files_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NFS, SMB and FUSE mounts refuse O_TMPFILE (EOPNOTSUPP): the same promise through a
+    temp name, which is gone afterwards."""
+    real_open = os.open
+    refused: list[int] = []
+
+    def open_(path, flags, *a, **k):  # type: ignore[no-untyped-def]
+        if flags & os.O_TMPFILE == os.O_TMPFILE:
+            refused.append(flags)
+            raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+        return real_open(path, flags, *a, **k)
+
+    monkeypatch.setattr(durable.os, "open", open_)
+    target = tmp_path / "b.json"
+    write_atomic(target, b"whole", mode=0o444, replace=False)
+    assert refused and target.read_bytes() == b"whole"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o444
+    assert os.listdir(tmp_path) == ["b.json"]
+    with pytest.raises(FileExistsError):
+        write_atomic(target, b"other", replace=False)
+    assert os.listdir(tmp_path) == ["b.json"]
+
+
+def test_write_once_trusts_unnamed_files_only_on_local_filesystems(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A FUSE mount may accept O_TMPFILE and then name an empty file (JuiceFS did): only
+    the local filesystems of UNNAMED_FS get unnamed files, any other takes a temp name."""
+    made: list[str] = []
+    real_temp_name = durable.temp_name
+
+    def temp_name(name: str) -> str:
+        made.append(name)
+        return real_temp_name(name)
+
+    monkeypatch.setattr(durable, "temp_name", temp_name)
+    monkeypatch.setattr(durable, "_unnamed_in", {})
+    monkeypatch.setattr(durable, "mount_of", lambda p: Mount("/", "fuse.juicefs", "JuiceFS:x", "rw"))
+    write_atomic(tmp_path / "c.json", b"whole", replace=False)
+    assert made == ["c.json"] and (tmp_path / "c.json").read_bytes() == b"whole"
+    assert os.listdir(tmp_path) == ["c.json"]

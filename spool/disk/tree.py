@@ -20,6 +20,7 @@ from spool.disk.durable import (
     VANISHED,
     Listing,
     NotRegular,
+    Prepared,
     boot_id,
     commit_riders,
     copy_verified,
@@ -42,6 +43,7 @@ from spool.disk.durable import (
     transfer,
     visible_names,
     write_atomic,
+    write_unseen,
     writer_gone,
 )
 
@@ -56,6 +58,7 @@ __all__ = [
     "VANISHED",
     "Listing",
     "NotRegular",
+    "Prepared",
     "Tree",
     "Value",
     "boot_id",
@@ -81,6 +84,7 @@ __all__ = [
     "transfer",
     "visible_names",
     "write_atomic",
+    "write_unseen",
     "writer_gone",
 ]
 

@@ -42,9 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from spool.core.config import Config
-from spool.disk.tree import HOST, Tree
-from spool.doctor.lab import Lab, errno_name
-from spool.doctor.mount import (
+from spool.disk.mount import (
     LOCAL_FS,
     MEMORY_FS,
     NETWORK_FS,
@@ -55,6 +53,8 @@ from spool.doctor.mount import (
     mount_of,
     parse_mountinfo,
 )
+from spool.disk.tree import HOST, Tree
+from spool.doctor.lab import Lab, errno_name
 from spool.doctor.probes import (
     probe_excl,
     probe_fsync,

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from spool.disk.mount import Mount
 from spool.disk.tree import HOST
-from spool.doctor.mount import Mount
 
 
 @dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from spool.core.config import Config
-from spool.doctor.mount import Mount
+from spool.disk.mount import Mount
 from spool.doctor.report import Choice, Finding
 
 

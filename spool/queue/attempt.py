@@ -43,7 +43,7 @@ import msgspec
 
 from spool.core.model import AttemptRecord, Failure, Manifest, Record, encode, now
 from spool.disk.records import read
-from spool.disk.tree import HOST, Tree, boot_id, fsync_dir, make_dirs, write_atomic
+from spool.disk.tree import HOST, Tree, boot_id, fsync_dir, make_dirs, write_atomic, write_unseen
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ def open_attempt(
         reason=reason,
     )
     while True:
-        write_atomic(staging / "attempt.json", encode(rec), durable=durable)
+        write_unseen(staging / "attempt.json", encode(rec), durable=durable)  # staging: unseen until renamed
         try:
             os.rename(staging, parent / str(n))
             break

@@ -44,7 +44,6 @@ this job at all, and the caller's verified manifest replaces it.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,7 +56,7 @@ from spool.core.model import AttemptRecord, JobBase, Manifest, SourceDigest, Val
 from spool.disk import formats, store
 from spool.disk.groupcommit import together
 from spool.disk.records import read
-from spool.disk.tree import Tree, fsync_dir, link_no_replace, temp_name, transfer, write_atomic
+from spool.disk.tree import Prepared, Tree, fsync_dir, transfer, write_atomic
 from spool.library import index
 from spool.media.validate import CONTAINER_FORMATS, measure
 from spool.queue.attempt import Attempt, stage_result, write_result
@@ -206,13 +205,14 @@ def _told(ctx: Context, job: JobBase, attempt: Attempt, manifest: Manifest, note
 @dataclass
 class Ready:
     """A job whose attempt is done and whose publish is prepared (:func:`prepare`):
-    its object stored (bytes and name durable) and its manifest
-    written durably under a hidden temp name in ``manifests/``."""
+    its object stored (bytes and name durable) and its manifest's bytes
+    written durably in ``manifests/``, waiting for their name (unnamed, or under a
+    hidden temp name where the filesystem has no unnamed files)."""
 
     job: JobBase
     attempt: Attempt
     manifest: Manifest
-    temp: Path
+    prepared: Prepared
     note: str = ""
     why: str = ""
     on_stage: Callable[[str], None] | None = None
@@ -246,30 +246,8 @@ def prepare(
     manifest = _manifest(ctx, job, attempt, stored, report, render_seconds, note, rec)
     stage_result(attempt, rec, manifest)
     crashpoint("after_result")
-    path = ctx.tree.manifest_file(job.job_id)
-    temp = path.parent / temp_name(path.name)
-    _write_temp(temp, encode(manifest))
-    return Ready(job, attempt, manifest, temp, note, why, on_stage)
-
-
-def _write_temp(temp: Path, data: bytes) -> None:
-    """A manifest's bytes, read-only and fsynced, under its temp name (no folder fsync)."""
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.chmod(temp, 0o444)  # the umask may have narrowed it
-
-
-def _drop(temp: Path) -> None:
-    try:
-        os.unlink(temp)
-    except FileNotFoundError:
-        pass
+    prepared = Prepared(ctx.tree.manifest_file(job.job_id), encode(manifest), mode=0o444)
+    return Ready(job, attempt, manifest, prepared, note, why, on_stage)
 
 
 def commit(ctx: Context, batch: list[Ready]) -> list[Manifest | BaseException]:
@@ -322,7 +300,7 @@ def commit(ctx: Context, batch: list[Ready]) -> list[Manifest | BaseException]:
                     out[r.job_id] = exc
     finally:
         for r in batch:
-            _drop(r.temp)  # linked (a second name) or no longer needed
+            r.prepared.discard()  # named now (its temp name, if any, goes) or no longer needed
     for r in moved:
         m = out[r.job_id]
         assert isinstance(m, Manifest)
@@ -335,7 +313,7 @@ def _install_prepared(tree: Tree, r: Ready) -> Manifest:
     into place (no second write); its folder's fsync is the caller's batch's."""
     path = tree.manifest_file(r.job_id)
     try:
-        link_no_replace(r.temp, path)
+        r.prepared.link(path)
         fsync_dir(path.parent)
         return r.manifest
     except FileExistsError:
@@ -349,7 +327,7 @@ def _install_prepared(tree: Tree, r: Ready) -> Manifest:
         return existing  # the job's selected output stays as it was
     why = "unreadable" if existing is None else store.verify(tree, existing) or "names another recipe"
     log.warning("%s: replacing manifests/%s.json (%s)", r.job_id, r.job_id, why)
-    os.replace(r.temp, path)
+    r.prepared.replace(path)
     fsync_dir(path.parent)
     return r.manifest
 
