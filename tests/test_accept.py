@@ -27,7 +27,8 @@ import pytest
 from conftest import TAGS, minimal, run_cli, state_files, submission, wait_for
 
 from spool.core import config, settings
-from spool.core.model import canonical_json, decode
+from spool.core.errors import InvalidInput
+from spool.core.model import Rejection, canonical_json, decode, encode, now
 from spool.disk.tree import Tree
 from spool.kinds import Job
 from spool.queue import accept
@@ -1064,3 +1065,25 @@ def test_a_job_claimed_before_its_frozen_copy_is_linked_is_still_accepted(tree, 
     copy = tree.job_attempts(job.job_id) / accept.JOB_COPY
     assert decode(copy.read_bytes(), type(job)) == job
     assert tree.job_file("running", job.job_id, "fast").exists()
+
+
+def test_two_rejections_of_one_name_at_once_keep_both_files(tree: Tree):
+    """The reason reserves its stem (written once): a writer that finds the stem's reason
+    just written by another rejection of the same name under way takes the next stem,
+    and neither rejected file replaces the other (a crash's leftover is taken over only
+    once it is older than any rejection in flight)."""
+    other = Rejection(file="x.json", field="name", reason="name: another writer's", rejected_at=now(),
+                      rejected_by="w2")  # fmt: skip
+    (tree.rejected / "x.error.json").write_bytes(encode(other))  # its file comes a moment later
+    dest = accept.reject(tree, "x.json", InvalidInput("name", "ours"), "w1", data=b"ours")
+    assert dest.name == "x-2.json" and dest.read_bytes() == b"ours"
+    assert json.loads((tree.rejected / "x.error.json").read_text())["rejected_by"] == "w2"
+    assert json.loads((tree.rejected / "x-2.error.json").read_text())["reason"] == "name: ours"
+    # A leftover of a crash, old enough: taken over for the same file.
+    then = now() - timedelta(seconds=accept.LEFTOVER_AGE + 1)
+    old = Rejection(file="y.json", field="name", reason="name: before the crash", rejected_at=then,
+                    rejected_by="w1")  # fmt: skip
+    (tree.rejected / "y.error.json").write_bytes(encode(old))
+    dest = accept.reject(tree, "y.json", InvalidInput("name", "again"), "w1", data=b"y")
+    assert dest.name == "y.json"
+    assert json.loads((tree.rejected / "y.error.json").read_text())["reason"] == "name: again"

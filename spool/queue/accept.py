@@ -429,21 +429,30 @@ def _stem(name: str) -> str:
     return safe
 
 
-def _free_stem(tree: Tree, stem: str, original_name: str) -> str:
-    """A stem not taken in ``rejected/``; a reason left alone by a crash between
-    the two writes below, for this same file, is taken over rather than kept."""
-    n, cand = 1, stem
+#: A reason without its rejected file, older than this, was left by a crash between the
+#: two writes of :func:`reject` (they take milliseconds) and is taken over by a later
+#: rejection of the same file; a younger one may be another writer's rejection under way.
+LEFTOVER_AGE = 60.0
+
+
+def _stems(stem: str) -> Iterator[str]:
+    """The stems a rejection may be filed under, in order: ``stem``, ``stem-2``, ..."""
+    yield stem
+    n = 2
     while True:
-        data_taken = (tree.rejected / f"{cand}.json").exists()
-        reason = tree.rejected / f"{cand}{REASON_SUFFIX}"
-        if not data_taken and not reason.exists():
-            return cand
-        if not data_taken:
-            left = read(reason, Rejection)
-            if left is not None and left.file == original_name:
-                return cand
+        yield f"{stem}-{n}"
         n += 1
-        cand = f"{stem}-{n}"
+
+
+def _leftover(tree: Tree, stem: str, original_name: str) -> bool:
+    """Whether ``stem``'s reason is a crash's leftover for this same file: no rejected
+    file beside it, and older than :data:`LEFTOVER_AGE`."""
+    if (tree.rejected / f"{stem}.json").exists():
+        return False
+    left = read(tree.rejected / f"{stem}{REASON_SUFFIX}", Rejection)
+    if left is None or left.file != original_name:
+        return False
+    return (now() - left.rejected_at).total_seconds() >= LEFTOVER_AGE
 
 
 def reject(
@@ -461,9 +470,11 @@ def reject(
     can always read ``<name>.error.json``. Either ``data`` (a copy, for
     ``spool submit``) or ``move_from`` (the drop itself, renamed out of
     ``incoming/``) gives the rejected file.
+
+    The reason is written once (it fails if the name exists), so it reserves its stem:
+    two writers rejecting files of one name at the same moment (two hosts, a drop and a
+    ``spool submit``) take different stems, and neither rename replaces the other's file.
     """
-    stem = _free_stem(tree, _stem(original_name), original_name)
-    dest = tree.rejected / f"{stem}.json"
     rec = Rejection(
         file=original_name,
         field=redact(error.field),  # a field can name a tag or role that is a secret
@@ -471,12 +482,23 @@ def reject(
         rejected_at=now(),
         rejected_by=by,
     )
-    write_atomic(tree.rejected / f"{stem}{REASON_SUFFIX}", encode(rec))
-    if move_from is not None:
-        rename_durable(move_from, dest)
-    else:
-        write_atomic(dest, data or b"")
-    return dest
+    for stem in _stems(_stem(original_name)):
+        if (tree.rejected / f"{stem}.json").exists():
+            continue
+        reason = tree.rejected / f"{stem}{REASON_SUFFIX}"
+        try:
+            write_atomic(reason, encode(rec), replace=False)
+        except FileExistsError:
+            if not _leftover(tree, stem, original_name):
+                continue
+            write_atomic(reason, encode(rec))  # a crash's leftover for this file: taken over
+        dest = tree.rejected / f"{stem}.json"
+        if move_from is not None:
+            rename_durable(move_from, dest)
+        else:
+            write_atomic(dest, data or b"")
+        return dest
+    raise AssertionError("unreachable: _stems never ends")
 
 
 # -- the two entry points ----------------------------------------------------------------
