@@ -410,6 +410,21 @@ class SourceDigest(Record, kw_only=True):
     sha256: str
 
 
+class VersionEntry(Record, kw_only=True):
+    """``library/<name>/<revision>`` (format 1): one published revision of an asset; a
+    format 2 segment's line is one too, with the job's indexed tags."""
+
+    job_id: str
+    name: str
+    revision: int
+    sha256: str
+    store_path: str
+    published_at: datetime
+    indexed_at: datetime
+    #: What the gate measured of the output (the manifest's ``validation.media``).
+    media: MediaInfo | None = None
+
+
 class Manifest(Record, kw_only=True):
     """``manifests/J.json`` (and the attempt's staged result): the published output.
 

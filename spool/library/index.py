@@ -56,7 +56,7 @@ from pathlib import Path
 
 from spool.core.config import load
 from spool.core.faults import crashpoint
-from spool.core.model import JOB_ID_RE, Manifest, MediaInfo, Record, decode, encode, now
+from spool.core.model import JOB_ID_RE, Manifest, VersionEntry, decode, encode, now
 from spool.core.problems import Problem
 from spool.disk import formats
 from spool.disk.records import read
@@ -77,20 +77,6 @@ def split_job_id(jid: str) -> tuple[str, int]:
     if not m:
         raise ValueError(f"{jid!r} is not a job ID of the form name@revision")
     return m.group("name"), int(m.group("rev"))
-
-
-class VersionEntry(Record, kw_only=True):
-    """``library/<name>/<revision>``: one published revision of an asset."""
-
-    job_id: str
-    name: str
-    revision: int
-    sha256: str
-    store_path: str
-    published_at: datetime
-    indexed_at: datetime
-    #: What the gate measured of the output (the manifest's ``validation.media``).
-    media: MediaInfo | None = None
 
 
 def wanted(manifest: Manifest, required_tags: list[str]) -> list[tuple[str, str]]:
@@ -274,11 +260,7 @@ class Snapshot:
     def version(self, name: str, revision: int) -> VersionEntry | None:
         line = self.view.by_job.get(f"{name}@{revision}")
         if line is not None:
-            return VersionEntry(
-                job_id=line.job_id, name=line.name, revision=line.revision, sha256=line.sha256,
-                store_path=line.store_path, published_at=line.published_at,
-                indexed_at=line.indexed_at, media=line.media,
-            )  # fmt: skip
+            return line.version()
         try:  # format 1's record before the merged entry (see revisions())
             return decode(version_file(self.tree, name, revision).read_bytes(), VersionEntry)
         except (OSError, ValueError):

@@ -47,7 +47,7 @@ from pathlib import Path
 import msgspec
 
 from spool.core.faults import crashpoint
-from spool.core.model import Manifest, MediaInfo, Record, now
+from spool.core.model import Manifest, VersionEntry, now
 from spool.disk.tree import Tree, fsync_dir, make_dirs, write_atomic
 from spool.library.indexpaths import tag_dir
 
@@ -70,19 +70,15 @@ MERGE_JOBS = 4096
 SYNC_THREADS = 16
 
 
-class Line(Record, kw_only=True):
+class Line(VersionEntry, kw_only=True):
     """One published job in a segment: what format 1's version record said, and its
     indexed tags (the required tags it has)."""
 
-    job_id: str
-    name: str
-    revision: int
-    sha256: str
-    store_path: str
-    published_at: datetime
-    indexed_at: datetime
     tags: dict[str, str] = msgspec.field(default_factory=dict)
-    media: MediaInfo | None = None
+
+    def version(self) -> VersionEntry:
+        """The version record this line stands for (without the tags)."""
+        return VersionEntry(**{f: getattr(self, f) for f in VersionEntry.__struct_fields__})
 
 
 _encoder = msgspec.json.Encoder(order="deterministic")

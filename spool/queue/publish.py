@@ -56,7 +56,7 @@ from spool.core.model import AttemptRecord, JobBase, Manifest, SourceDigest, Val
 from spool.disk import formats, store
 from spool.disk.groupcommit import together
 from spool.disk.records import read
-from spool.disk.tree import Prepared, Tree, fsync_dir, transfer, write_atomic
+from spool.disk.tree import Prepared, Tree, fsync_dir, transfer
 from spool.library import index
 from spool.media.validate import CONTAINER_FORMATS, measure
 from spool.queue.attempt import Attempt, stage_result, write_result
@@ -309,27 +309,9 @@ def commit(ctx: Context, batch: list[Ready]) -> list[Manifest | BaseException]:
 
 
 def _install_prepared(tree: Tree, r: Ready) -> Manifest:
-    """:func:`install_manifest` for a manifest already written under its temp name: link it
-    into place (no second write); its folder's fsync is the caller's batch's."""
-    path = tree.manifest_file(r.job_id)
-    try:
-        r.prepared.link(path)
-        fsync_dir(path.parent)
-        return r.manifest
-    except FileExistsError:
-        pass
-    existing = read(path, Manifest)
-    if (
-        existing is not None
-        and existing.recipe_hash == r.manifest.recipe_hash
-        and store.verify(tree, existing) is None
-    ):
-        return existing  # the job's selected output stays as it was
-    why = "unreadable" if existing is None else store.verify(tree, existing) or "names another recipe"
-    log.warning("%s: replacing manifests/%s.json (%s)", r.job_id, r.job_id, why)
-    r.prepared.replace(path)
-    fsync_dir(path.parent)
-    return r.manifest
+    """:func:`install_manifest` for a manifest prepared on its attempt's thread (no second
+    write); its folder's fsync is the caller's batch's."""
+    return _name_manifest(tree, r.manifest, r.prepared)
 
 
 def install_manifest(tree: Tree, manifest: Manifest) -> Manifest:
@@ -338,9 +320,21 @@ def install_manifest(tree: Tree, manifest: Manifest) -> Manifest:
 
     ``manifest`` must name a store file the caller has verified.
     """
+    prepared = Prepared(tree.manifest_file(manifest.job_id), encode(manifest), mode=0o444)
+    try:
+        return _name_manifest(tree, manifest, prepared)
+    finally:
+        prepared.discard()
+
+
+def _name_manifest(tree: Tree, manifest: Manifest, prepared: Prepared) -> Manifest:
+    """Give the prepared manifest its name, never over another: an existing one that
+    verifies for the same recipe is adopted (the job's selected output stays), any other
+    (unreadable, naming a missing object or another recipe) is replaced. Then the folder."""
     path = tree.manifest_file(manifest.job_id)
     try:
-        write_atomic(path, encode(manifest), mode=0o444, replace=False)
+        prepared.link(path)
+        fsync_dir(path.parent)
         return manifest
     except FileExistsError:
         pass
@@ -353,7 +347,8 @@ def install_manifest(tree: Tree, manifest: Manifest) -> Manifest:
         return existing  # the job's selected output stays as it was
     why = "unreadable" if existing is None else store.verify(tree, existing) or "names another recipe"
     log.warning("%s: replacing manifests/%s.json (%s)", manifest.job_id, manifest.job_id, why)
-    write_atomic(path, encode(manifest), mode=0o444)
+    prepared.replace(path)
+    fsync_dir(path.parent)
     return manifest
 
 

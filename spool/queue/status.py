@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spool.disk.tree import FLAT_STATES, Tree, Value, list_folder, visible_names
+from spool.disk.tree import FLAT_STATES, STATES, Tree, Value, list_folder, visible_names
 
 if TYPE_CHECKING:
     from spool.core.model import Failure, Progress, WorkerRecord
@@ -104,18 +104,8 @@ def counts(tree: Tree) -> dict[str, int]:
     # the metrics count them so too)
     out["incoming"] = count(tree.incoming, taken=".accepting.")
     out["quarantine"] = count(tree.quarantine)
-    keys = (
-        "incoming",
-        "waiting",
-        "pending",
-        "held",
-        "running",
-        "complete",
-        "failed",
-        "rejected",
-        "quarantine",
-    )
-    return {k: out[k] for k in keys}
+    # The order every reader shows: arriving, the queue states in their order, set aside.
+    return {k: out[k] for k in ("incoming", *STATES, "rejected", "quarantine")}
 
 
 def library_counts(tree: Tree) -> dict[str, int]:

@@ -32,13 +32,13 @@ from datetime import datetime
 from pathlib import Path
 
 from spool.core.faults import crashpoint
-from spool.core.model import Manifest, decode
+from spool.core.model import Manifest, VersionEntry, decode
 from spool.disk import formats
 from spool.disk.groupcommit import together
 from spool.disk.records import read
 from spool.disk.tree import Tree, fsync_dir
 from spool.library import segments
-from spool.library.index import OBJECT_TAG, VersionEntry
+from spool.library.index import OBJECT_TAG
 from spool.library.indexpaths import index_root, library_root, tag_dir, version_file
 
 

@@ -94,7 +94,7 @@ def _write(path: Path, data: bytes) -> None:
 
 def build(root: Path, n: int) -> None:
     """``n`` complete, indexed assets, written directly (no fsync)."""
-    from spool.core.model import encode
+    from spool.core.model import VersionEntry, encode
     from spool.disk.tree import Tree
     from spool.library import index, indexpaths
 
@@ -125,7 +125,7 @@ def build(root: Path, n: int) -> None:
         _write(
             vf,
             encode(
-                index.VersionEntry(
+                VersionEntry(
                     job_id=job.job_id,
                     name=job.name,
                     revision=1,
