@@ -247,11 +247,7 @@ def write_atomic(
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if mode is None else mode)
     try:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            if durable:
-                os.fsync(fd)
+            _write_all(fd, data, durable)
         finally:
             os.close(fd)
         _take_name(tmp, path, mode, replace)  # the umask may have narrowed the mode
@@ -269,13 +265,19 @@ def write_unseen(path: Path, data: bytes, *, durable: bool = True) -> None:
     is not fsynced (the rename that reveals it is the caller's to make durable)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        if durable:
-            os.fsync(fd)
+        _write_all(fd, data, durable)
     finally:
         os.close(fd)
+
+
+def _write_all(fd: int, data: bytes, durable: bool) -> None:
+    """Every byte of ``data`` to ``fd`` (a write may take part of it), then fsync when
+    ``durable``."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    if durable:
+        os.fsync(fd)
 
 
 #: What opening an unnamed file (``O_TMPFILE``) raises where the filesystem has none:
@@ -323,11 +325,7 @@ class Prepared:
             self._temp = self.path.parent / temp_name(self.path.name)
             fd = os.open(self._temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if mode is None else mode)
         try:
-            view = memoryview(self._data)
-            while view:
-                view = view[os.write(fd, view) :]
-            if self._durable:
-                os.fsync(fd)
+            _write_all(fd, self._data, self._durable)
             if mode is not None:
                 os.fchmod(fd, mode)  # the umask may have narrowed it
         except BaseException:
