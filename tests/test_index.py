@@ -295,3 +295,40 @@ def test_a_merge_is_due_by_a_look_at_the_listing_and_the_writers_own_segments(tr
     monkeypatch.setattr(segments, "MERGE_JOBS", 100)
     segments.write(tree, _lines("d", 1), "w1")
     assert segments.due(tree, "w1") == "compact" and segments.due(tree, "w2") is None
+
+
+def test_the_segment_cache_is_safe_for_a_process_s_threads() -> None:
+    """A daemon's slots and adopt's workers read and write segments at once: one thread
+    forgetting merged segments while another remembers a new one must not break either
+    (an adopt of 10,000 files died of "dictionary changed size during iteration")."""
+    import threading
+
+    segments.clear_cache()
+    names = [f"{i:06d}.seg.jsonl" for i in range(5000)]
+    for n in names:
+        segments._remember(n, [])
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def forget() -> None:
+        try:
+            while not stop.is_set():
+                segments._forget_all_but(names)
+        except BaseException as exc:
+            errors.append(exc)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    try:
+        t = threading.Thread(target=forget)
+        t.start()
+        for k in range(20000):
+            segments._remember(f"new-{k}.jsonl", [])
+            if errors:
+                break
+        stop.set()
+        t.join()
+    finally:
+        sys.setswitchinterval(old)
+        segments.clear_cache()
+    assert errors == []

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from datetime import datetime
@@ -148,31 +149,43 @@ def listed(tree: Tree) -> list[str]:
         return []
 
 
-#: file name -> its lines: a segment never changes once it has its name.
-_parsed: dict[str, list[Line]] = {}
-#: file name -> the jobs it has lines of (beside :data:`_parsed`).
-_jobs_of: dict[str, frozenset[str]] = {}
+#: file name -> (its lines, the jobs it has lines of): a segment never changes once it has
+#: its name. Shared by a process's threads (a daemon's slots, adopt's workers, each reading
+#: and writing segments), so every access holds :data:`_cache_lock`: iterating it while
+#: another thread added a segment raised "dictionary changed size during iteration" (an
+#: adopt of 10,000 files died of it).
+_cache: dict[str, tuple[list[Line], frozenset[str]]] = {}
+_cache_lock = threading.Lock()
 
 
-def _remember(fname: str, lines: list[Line]) -> None:
-    _parsed[fname] = lines
-    _jobs_of[fname] = frozenset(x.job_id for x in lines)
+def _remember(fname: str, lines: list[Line]) -> tuple[list[Line], frozenset[str]]:
+    got = (lines, frozenset(x.job_id for x in lines))
+    with _cache_lock:
+        _cache[fname] = got
+    return got
 
 
 def _forget(fname: str) -> None:
-    _parsed.pop(fname, None)
-    _jobs_of.pop(fname, None)
+    with _cache_lock:
+        _cache.pop(fname, None)
 
 
 def _forget_all_but(names: list[str]) -> None:
     """Forget the segments not in ``names`` (merged and removed: bounded memory)."""
     keep = set(names)
-    for stale in [k for k in _parsed if k not in keep]:
-        _forget(stale)
+    with _cache_lock:
+        for stale in [k for k in _cache if k not in keep]:
+            del _cache[stale]
 
 
-def _read(tree: Tree, fname: str) -> list[Line] | None:
-    got = _parsed.get(fname)
+def _cached(fname: str) -> tuple[list[Line], frozenset[str]] | None:
+    with _cache_lock:
+        return _cache.get(fname)
+
+
+def _load(tree: Tree, fname: str) -> tuple[list[Line], frozenset[str]] | None:
+    """A segment's lines and jobs: remembered, or read once (``None``: merged meanwhile)."""
+    got = _cached(fname)
     if got is not None:
         return got
     try:
@@ -186,8 +199,12 @@ def _read(tree: Tree, fname: str) -> list[Line] | None:
             out.append(_decoder.decode(raw))
         except msgspec.DecodeError:
             continue  # a torn line (never written whole): nothing to index
-    _remember(fname, out)
-    return out
+    return _remember(fname, out)
+
+
+def _read(tree: Tree, fname: str) -> list[Line] | None:
+    got = _load(tree, fname)
+    return None if got is None else got[0]
 
 
 def indexed(tree: Tree, job_ids: Iterable[str]) -> set[str]:
@@ -199,8 +216,9 @@ def indexed(tree: Tree, job_ids: Iterable[str]) -> set[str]:
     names = listed(tree)
     _forget_all_but(names)
     for fname in names:
-        if want and _read(tree, fname) is not None:
-            found |= want & _jobs_of[fname]
+        got = _load(tree, fname) if want else None
+        if got is not None:
+            found |= want & got[1]
     return found
 
 
@@ -383,7 +401,7 @@ def due(tree: Tree, writer: str) -> str | None:
     every other writer's new segments at each look cost a daemon a read per job)."""
     names = listed(tree)
     _forget_all_but(names)
-    jobs = sum(len(_jobs_of[n]) if n in _jobs_of else 1 for n in names)
+    jobs = sum(len(got[1]) if (got := _cached(n)) is not None else 1 for n in names)
     if jobs >= MERGE_JOBS:
         return "merge"
     if sum(1 for n in names if writer_of(n) == writer) >= COMPACT_FILES:
@@ -398,8 +416,8 @@ def pending_of(tree: Tree, writer: str) -> tuple[int, int]:
 
 
 def clear_cache() -> None:
-    _parsed.clear()
-    _jobs_of.clear()
+    with _cache_lock:
+        _cache.clear()
 
 
 __all__ = [
