@@ -345,10 +345,7 @@ class Prepared:
         if self._fd >= 0:
             fd = self._fd
             try:
-                # linkat(AT_SYMLINK_FOLLOW) of the descriptor's /proc name: the documented way
-                # to name an O_TMPFILE file without privileges. A src_dir_fd (ignored for an
-                # absolute path) makes os.link call linkat, not link(2), which would not follow.
-                os.link(f"/proc/self/fd/{fd}", dst, src_dir_fd=fd, follow_symlinks=True)
+                _name_fd(fd, dst)
                 return
             except FileExistsError:
                 raise FileExistsError(errno.EEXIST, "file exists", str(dst)) from None
@@ -367,7 +364,7 @@ class Prepared:
         """Put the bytes in place of whatever ``dst`` is now (a record found damaged)."""
         if self._fd >= 0:
             self._temp = dst.parent / temp_name(dst.name)
-            os.link(f"/proc/self/fd/{self._fd}", self._temp, src_dir_fd=self._fd, follow_symlinks=True)
+            _name_fd(self._fd, self._temp)
             os.close(self._fd)
             self._fd = -1
         assert self._temp is not None
@@ -383,6 +380,14 @@ class Prepared:
         if self._temp is not None:
             _drop(self._temp)
             self._temp = None
+
+
+def _name_fd(fd: int, dst: Path) -> None:
+    """Link an unnamed file, open as ``fd``, to ``dst`` (never replacing): linkat with
+    AT_SYMLINK_FOLLOW of the descriptor's /proc name, the documented way to name an
+    O_TMPFILE file without privileges. A src_dir_fd (ignored for an absolute path) makes
+    os.link call linkat, not link(2), which would not follow the /proc link."""
+    os.link(f"/proc/self/fd/{fd}", dst, src_dir_fd=fd, follow_symlinks=True)
 
 
 def _open_unnamed(folder: Path, mode: int | None) -> int:
