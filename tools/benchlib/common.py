@@ -13,6 +13,7 @@ The rules every measure follows (they are the point of the harness):
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import math
@@ -262,15 +263,38 @@ def fs_type(path: Path) -> str:
 
 
 @contextlib.contextmanager
-def scratch(kind: str, prefix: str) -> Iterator[Path]:
-    """A fresh folder on the local disk or on tmpfs, removed afterwards."""
+def scratch(kind: str, prefix: str, *, defer: bool = False) -> Iterator[Path]:
+    """A fresh folder on the local disk or on tmpfs, removed afterwards.
+
+    ``defer``: removed when the bench exits instead, for runs compared back to back.
+    ext4 without a journal (this VM's disk) does not reuse an inode freed in the last
+    ~30 s (``recently_deleted`` in ``fs/ext4/ialloc.c``), and every later file created
+    in that block group first steps over each such inode: removing the previous run's
+    thousands of files just before the next run made that run's every create pay for
+    them (2,000 no-op jobs: 5.5 s of system time on a fresh filesystem, 15 s right
+    after the last run's removal). Which system paid depended on the order, and the
+    more files a system creates, the more it paid.
+    """
     base = ROOTS[kind]
     base.mkdir(parents=True, exist_ok=True)
     d = Path(tempfile.mkdtemp(prefix=f"spool-bench-{prefix}-", dir=base))
     try:
         yield d
     finally:
-        rmtree(d)
+        if defer:
+            _DEFERRED.append(d)
+        else:
+            rmtree(d)
+
+
+#: Scratch folders left for the end of the bench (:func:`scratch` ``defer``).
+_DEFERRED: list[Path] = []
+
+
+@atexit.register
+def remove_deferred() -> None:
+    while _DEFERRED:
+        rmtree(_DEFERRED.pop())
 
 
 def rmtree(path: Path) -> None:

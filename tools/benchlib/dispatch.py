@@ -108,7 +108,7 @@ class Run:
 def _spool(kind: str, workers: int, n: int, max_active: int = 1, fmt: int = 2) -> Run:
     """spool's run; ``fmt=1``: the tree of format 1 (no FORMAT file: a spool made before
     issue 25), which the daemons write in the old layout, for the side-by-side rows."""
-    with scratch(kind, "dispatch-spool") as d:
+    with scratch(kind, "dispatch-spool", defer=True) as d:
         return spool_at(d, workers, n, max_active, fmt)
 
 
@@ -152,7 +152,7 @@ def _worker_window(outs: list[Path]) -> tuple[float, float, int]:
 
 
 def _raw(kind: str, workers: int, n: int) -> Run:
-    with scratch(kind, "dispatch-raw") as d:
+    with scratch(kind, "dispatch-raw", defer=True) as d:
         for sub in ("pending", "running", "done"):
             (d / sub).mkdir()
         names = [f"noop-{i:06d}.json" for i in range(n)]
@@ -176,7 +176,7 @@ def _raw(kind: str, workers: int, n: int) -> Run:
 def _dirq(kind: str, workers: int, n: int) -> Run:
     from dirq.QueueSimple import QueueSimple
 
-    with scratch(kind, "dispatch-dirq") as d:
+    with scratch(kind, "dispatch-dirq", defer=True) as d:
         q = QueueSimple(str(d / "dirq"))
         t0 = time.perf_counter()
         for _ in range(n):
@@ -198,7 +198,7 @@ def _dirq(kind: str, workers: int, n: int) -> Run:
 def _huey(kind: str, workers: int, n: int) -> Run:
     from .hueyapp import make
 
-    with scratch(kind, "dispatch-huey") as d:
+    with scratch(kind, "dispatch-huey", defer=True) as d:
         db = d / "huey.db"
         h, task = make(str(db))
         t0 = time.perf_counter()

@@ -133,7 +133,7 @@ def closed_loop(
     Returns (spool latencies, floor times) in seconds; the floor list is empty
     when ``floor`` is false.
     """
-    with scratch(kind, "latency") as d:
+    with scratch(kind, "latency", defer=True) as d:
         root = _spool(d, watch, poll)
         (d / "floor" / "pending").mkdir(parents=True)
         (d / "floor" / "running").mkdir()
