@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from conftest import minimal, wait_for
 
 from spool.core import settings
@@ -52,6 +53,26 @@ def test_a_drop_named_like_a_reason_is_listed_counted_and_explained(
     assert status.counts(tree)["rejected"] == 1
     assert status.job_ids(tree, "rejected") == [("oops-error", None)]
     assert shell_count_rejected(tree) == 1
+
+
+@pytest.mark.parametrize("fmt", ["2", "1"])
+def test_an_accepted_drop_is_kept_beside_its_job_not_freed(
+    tree: Tree, cfg: Config, journal: Journal, assets: Path, monkeypatch: pytest.MonkeyPatch, fmt: str
+):
+    """Format 2 moves the accepted drop (the same inode) to attempts/J/submission.json: a
+    removal would free an inode on the hot path. Format 1 removes it, as it always did."""
+    monkeypatch.setenv("SPOOL_WRITE_FORMAT", fmt)
+    data = json.dumps(minimal(assets, "kept")).encode()
+    (tree.incoming / "kept.json").write_bytes(data)
+    ino = os.stat(tree.incoming / "kept.json").st_ino
+    (out,) = accept.accept_incoming(tree, cfg, "w1", journal)
+    assert isinstance(out, accept.Accepted)
+    assert os.listdir(tree.incoming) == []
+    kept = tree.job_attempts(out.job.job_id) / accept.SUBMISSION
+    if fmt == "2":
+        assert kept.read_bytes() == data and kept.stat().st_ino == ino
+    else:
+        assert not kept.exists()
 
 
 # -- 8: reasons name what the user dropped ----------------------------------------------------
