@@ -148,6 +148,25 @@ def test_old_crash_leftovers_are_removed_young_ones_kept(done):
     assert not old.exists() and not staging.exists() and young.exists()
 
 
+def test_leftovers_deep_in_the_tree_are_removed_too(done):
+    """A temp name is left wherever a write by temp name was cut: an attempt's records, the
+    library's segments, held/ (on a NAS every write-once file takes a temp name)."""
+    places = [
+        done.attempt_dir("good@1", 1) / ".attempt.json.host.1.abcd0123.tmp",
+        done.root / "index" / "_segments" / ".x.jsonl.host.1.abcd0123.tmp",
+        done.held / ".z@1.json.host.1.abcd0123.tmp",
+    ]
+    past = time.time() - 3600
+    for p in places:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("{")
+        os.utime(p, (past, past))
+    code, out = fsck(done)
+    assert code == 0
+    assert sorted(p["path"] for p in out["problems"]) == sorted(done.relative(p) for p in places)
+    assert not any(p.exists() for p in places)
+
+
 def test_no_repair_only_reports(done):
     f = store_file(done)
     os.chmod(f, 0o644)

@@ -66,7 +66,7 @@ from spool.disk.tree import (
     writer_gone,
 )
 from spool.kinds import views
-from spool.library import index
+from spool.library import index, segments
 from spool.queue import depends, liveness, quarantine
 from spool.queue.accept import JOB_COPY
 from spool.queue.attempt import staged_result
@@ -443,14 +443,23 @@ def _leftovers(tree: Tree, repair: bool, grace: float) -> list[Problem]:
     process of this host, or that are older than ``grace``."""
     out = []
     now = time.time()
+    # Every folder a write by temp name goes to (write_atomic, link_or_copy: on a NFS,
+    # SMB or FUSE mount, where write-once files have no unnamed form, and for atomic
+    # replaces everywhere), down to the attempt folders' records.
     folders = [
         tree.waiting,
         tree.pending,
+        tree.held,
         tree.complete,
         tree.failed,
         tree.manifests,
         tree.workers,
         tree.rejected,
+        tree.quarantine,
+        tree.variants,
+        tree.approvals,
+        tree.deps / "_held",
+        segments.folder(tree),
     ]
     folders += [tree.running_dir(w) for w in running_workers(tree)]
     base = tree.store / "sha256"
@@ -462,6 +471,9 @@ def _leftovers(tree: Tree, repair: bool, grace: float) -> list[Problem]:
         for jdir in tree.attempts.iterdir():
             candidates += list(jdir.glob(".new.*"))
             candidates += list(jdir.glob(".*.tmp"))
+            for adir in jdir.iterdir() if jdir.is_dir() else ():
+                if adir.name.isdigit():
+                    candidates += list(adir.glob(".*.tmp"))
     for p in candidates:
         try:
             age = now - p.lstat().st_mtime
