@@ -25,9 +25,10 @@ that end close together, in two halves. :func:`prepare`, on the attempt's own
 thread: steps 1-3, the object's bytes fsynced and linked and its store folder
 fsynced, the manifest written and fsynced under a hidden temp name (nothing
 named yet). :func:`commit`, once for the batch: every manifest linked into
-``manifests/`` and that folder fsynced once; then one index segment for them
-all (:mod:`spool.library.segments`, durable); then every move to ``complete/``
-and the folders fsynced once; then the journal lines. (The daemon claims its
+``manifests/``, then one index segment for them all (:mod:`spool.library.segments`,
+its bytes fsynced), then ``manifests/`` and the segments' folder fsynced at once;
+then every move to ``complete/`` and the folders fsynced once; then the journal
+lines. (The daemon claims its
 next jobs just before, in a batch of their own, so they run while it commits.)
 Each job is fenced on its own: one taken away meanwhile is
 dropped from the batch, the others go on. A job's publish alone is a batch of
@@ -261,29 +262,30 @@ def commit(ctx: Context, batch: list[Ready]) -> list[Manifest | BaseException]:
     out: dict[str, Manifest | BaseException] = {}
     try:
         # 2b. (Each object's name is durable already: :func:`prepare` fsynced its store folder.)
-        # 4. The manifests, then their folder once.
-        with together():
+        # 4. The manifests named, then 4b. the batch's segment, then both folders at once.
+        # A line is named after its manifest (a reader never sees a line before the
+        # manifest it needs), but both names become durable in one round: a cut may keep
+        # a line whose manifest it took, which no reader counts (an entry counts only for
+        # a job whose manifest agrees) and recovery publishes again. Format 1 indexes
+        # after the batch: its entries, then its version record, each durable in turn.
+        v2 = formats.writing(tree.root) >= 2
+        with together(at_once=True):
             for r in batch:
                 try:
                     fence(ctx, r.job_id, "manifest")
                     out[r.job_id] = _install_prepared(tree, r)
                 except LostOwnership as exc:
                     out[r.job_id] = exc
-        live = [r for r in batch if isinstance(out[r.job_id], Manifest)]
-        crashpoint("after_manifest")
+            live = [r for r in batch if isinstance(out[r.job_id], Manifest)]
+            crashpoint("after_manifest")  # format 2: the manifests named, not yet durable
+            if v2:
+                _index_batch(ctx, live, out)
+        if not v2:
+            _index_batch(ctx, live, out)
+        crashpoint("after_index")  # the manifests and the index durable, no job moved yet
         for r in live:
             if r.on_stage is not None:
                 r.on_stage("stored")
-        # 4b. One segment for the batch (the tree's format decides: format 1 writes entries).
-        # A manifest linked into place just now has no index line yet (a line follows its
-        # manifest), so only the ones found in place already are looked up in the index.
-        fresh = [r.manifest for r in live if out[r.job_id] is r.manifest]
-        kept = [m for r in live if (m := out[r.job_id]) is not r.manifest and isinstance(m, Manifest)]
-        todo = fresh + (index.unindexed(tree, kept) if kept else [])
-        index.index_jobs(tree, todo, ctx.cfg.acceptance.required_tags, writer=ctx.worker, force=True)
-        crashpoint("after_index")
-        for r in live:
-            if r.on_stage is not None:
                 r.on_stage("indexed")
         # 5. The moves, then their folders once.
         moved: list[Ready] = []
@@ -306,6 +308,15 @@ def commit(ctx: Context, batch: list[Ready]) -> list[Manifest | BaseException]:
         assert isinstance(m, Manifest)
         _told(ctx, r.job, r.attempt, m, r.note, r.why)
     return [out.get(r.job_id, LostOwnership(f"{r.job_id} was not published")) for r in batch]
+
+
+def _index_batch(ctx: Context, live: list[Ready], out: dict[str, Manifest | BaseException]) -> None:
+    """Index a publish batch's jobs (format 2: one segment). A manifest linked into place
+    just now has no index line yet, so only the ones found in place already are looked up."""
+    fresh = [r.manifest for r in live if out[r.job_id] is r.manifest]
+    kept = [m for r in live if (m := out[r.job_id]) is not r.manifest and isinstance(m, Manifest)]
+    todo = fresh + (index.unindexed(ctx.tree, kept) if kept else [])
+    index.index_jobs(ctx.tree, todo, ctx.cfg.acceptance.required_tags, writer=ctx.worker, force=True)
 
 
 def _install_prepared(tree: Tree, r: Ready) -> Manifest:
