@@ -47,7 +47,7 @@ from spool.disk import formats
 from spool.disk.records import damaged as damage
 from spool.disk.records import read
 from spool.disk.tree import NO_LINKS, Tree, fsync_dir, make_dirs, visible_names, write_atomic
-from spool.queue.accept import JOB_COPY
+from spool.queue.accept import JOB_COPY, SUBMISSION
 from spool.queue.events import read_file
 
 #: Seconds a file must have been left alone before it is judged (a writer may be at work).
@@ -114,6 +114,8 @@ def damaged_records(tree: Tree, settle: float = SETTLE) -> list[Damaged]:
             continue
         jid = jdir.name
         for f in _records(jdir):
+            if f.name == SUBMISSION:
+                continue  # the drop as its submitter wrote it, never fsynced: nothing reads it
             judge(f, None, "fsynced before use: not a power cut's doing; look at the disk")
         manifest: Manifest | None = None
         for adir in sorted(d for d in jdir.iterdir() if d.name.isdigit() and d.is_dir()):
