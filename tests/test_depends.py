@@ -247,6 +247,26 @@ def test_a_name_ref_follows_a_new_revision_made_while_it_waits(tree, cfg, assets
     assert job_file(tree, jid)["upstreams"][0]["job"] == "master@2"
 
 
+@pytest.mark.parametrize("fmt", ["2", "1"])
+def test_a_dependent_frozen_on_release_has_a_frozen_copy_of_what_runs(
+    tree, cfg, assets, journal, monkeypatch, fmt
+):
+    """The copy fsck restores a lost job file from is the job file that runs (its upstreams
+    pinned), not the one that waited."""
+    monkeypatch.setenv("SPOOL_WRITE_FORMAT", fmt)
+    accept_sub(tree, cfg, upstream(assets))
+    jid = accept_sub(tree, cfg, dependent("cut", {"job": "master"}))
+    copy = tree.job_attempts(jid) / "job.json"
+    waited = copy.read_bytes()
+    assert run(tree, cfg, "master@1") == "complete"
+    assert settle(tree, cfg, journal, "master@1").pending == [jid]
+    assert copy.read_bytes() == tree.job_file("pending", jid).read_bytes() != waited
+    if fmt == "1":
+        assert copy.stat().st_mode & 0o222 == 0  # a read-only copy of its own
+    else:
+        assert copy.stat().st_ino == tree.job_file("pending", jid).stat().st_ino  # its second name
+
+
 def test_a_chain_of_three_settles_link_by_link(tree, cfg, assets, journal):
     accept_sub(tree, cfg, upstream(assets, "a"))
     b = accept_sub(tree, cfg, dependent("b", {"job": "a"}))

@@ -51,6 +51,7 @@ __all__ = [
     "FLAT_STATES",
     "FOLDERS",
     "HOST",
+    "JOB_COPY",
     "NO_LINKS",
     "READ_RETRY_PAUSES",
     "STATES",
@@ -87,6 +88,13 @@ __all__ = [
     "write_unseen",
     "writer_gone",
 ]
+
+#: The job's frozen copy in its reservation folder (``attempts/<job>/job.json``):
+#: the same bytes as the job file, read-only (format 2: a hard link of the job file),
+#: written by the acceptor whose job file won (and again when a dependent is frozen on
+#: release). ``spool fsck`` restores a job file that went missing from every
+#: state folder from it.
+JOB_COPY = "job.json"
 
 #: The queue states that are folders of job files (``held`` is pending, set aside
 #: by an operator; ``running`` holds one folder per worker).

@@ -46,7 +46,16 @@ from spool.core.secrets import redact
 from spool.core.submission import Submission
 from spool.disk import formats, groupcommit
 from spool.disk.diskfull import is_disk_full
-from spool.disk.tree import NO_LINKS, Tree, fsync_dir, is_visible, make_dirs, rename_durable, write_atomic
+from spool.disk.tree import (
+    JOB_COPY,
+    NO_LINKS,
+    Tree,
+    fsync_dir,
+    is_visible,
+    make_dirs,
+    rename_durable,
+    write_atomic,
+)
 from spool.library.visibility import nfc
 from spool.queue import depends, fanout
 from spool.queue.arrivals import Arrivals
@@ -268,13 +277,6 @@ def restore_copy(tree: Tree, jid: str) -> None:
 def state_of(job: Job) -> str:
     """The state a newly accepted job starts in."""
     return "pending" if job.resolved else "waiting"
-
-
-#: The job's frozen copy in its reservation folder (``attempts/<job>/job.json``):
-#: the same bytes as the job file, read-only (format 2: a hard link of the job file),
-#: written by the acceptor whose job file won. ``spool fsck`` restores a job file that went missing from every
-#: state folder from it.
-JOB_COPY = "job.json"
 
 
 def _reserve(tree: Tree, jid: str, submission_sha256: str | None) -> None:

@@ -62,9 +62,19 @@ from spool.core.errors import InvalidInput
 from spool.core.faults import crashpoint
 from spool.core.model import JOB_ID_RE, Failure, HoldRecord, Manifest, Upstream, encode, now
 from spool.core.sourceref import refs
-from spool.disk import groupcommit
+from spool.disk import formats, groupcommit
 from spool.disk.records import read
-from spool.disk.tree import Tree, fsync_dir, make_dirs, replace_existing, temp_name, transfer, write_atomic
+from spool.disk.tree import (
+    JOB_COPY,
+    NO_LINKS,
+    Tree,
+    fsync_dir,
+    make_dirs,
+    replace_existing,
+    temp_name,
+    transfer,
+    write_atomic,
+)
 from spool.kinds import Job, decode_job
 from spool.media import sources
 from spool.queue.events import Journal, cli_writer
@@ -597,6 +607,7 @@ def _commit_frozen(
                 _drop(tmp)
                 continue
             fsync_dir(path.parent)
+            _refresh_copy(tree, job.job_id, path, encode(job))
         except OSError as exc:
             _drop(tmp)
             log.warning("%s: could not write it frozen now (%s)", job.job_id, exc)
@@ -609,6 +620,28 @@ def _commit_frozen(
             log.warning("%s: could not move it to pending/ now (%s)", job.job_id, exc)
             continue
         snap.add(job.job_id, "pending")
+
+
+def _refresh_copy(tree: Tree, jid: str, job_file: Path, data: bytes) -> None:
+    """The frozen copy again, for a dependent whose job file was just rewritten frozen
+    (its upstreams pinned): what fsck would restore is what runs, not what waited.
+    Format 2 links the new file over the copy; format 1 writes a copy."""
+    copy = tree.job_attempts(jid) / JOB_COPY
+    if formats.writing(tree.root) >= 2:
+        tmp = copy.parent / temp_name(JOB_COPY)
+        try:
+            os.link(job_file, tmp)
+            os.replace(tmp, copy)
+            fsync_dir(copy.parent)
+            return
+        except FileNotFoundError:
+            _drop(tmp)
+            return  # moved on meanwhile: whoever moved it owns it now
+        except OSError as exc:
+            _drop(tmp)
+            if exc.errno not in NO_LINKS:
+                raise
+    write_atomic(copy, data, mode=0o444)
 
 
 def _drop(tmp: Path) -> None:
