@@ -562,7 +562,7 @@ def _accept_or_reject(
     except InvalidInput as exc:
         done = _already_accepted(tree, data) if redelivered else None
         if done is not None:
-            # Its batch was cut short before the journal line (or the drop's removal), or
+            # Its batch was cut short before the journal line (or the drop's move out), or
             # even before the frozen copy: make that now, and say it, so the journal has
             # every acceptance.
             restore_copy(tree, done.job_id)
@@ -751,7 +751,7 @@ def accept_incoming(
 
     One batch (group commit): every job file and reservation is written (each
     file fsynced), then ``attempts/``, ``pending/`` and the other folders
-    touched are fsynced once for the batch, and only then are the drops removed
+    touched are fsynced once for the batch, and only then are the drops moved out
     and the journal lines written. A crash before that leaves every drop under
     this worker's claim name, taken up again as redelivered (a job already
     written is recognised by its ``submission_sha256``, never accepted twice).
@@ -871,7 +871,7 @@ def _accept_drop(
         rej = reject(tree, name, exc, worker, move_from=taken)
         journal.record(name, "rejected", from_="incoming", reason=str(exc))
         return Rejected(exc, rej)
-    # An accepted drop is removed by the caller, once the batch is durable.
+    # An accepted drop is moved out by the caller (keep_submission), once the batch is durable.
     return _accept_or_reject(tree, cfg, data, name, journal, user, source_path=taken, redelivered=redelivered)
 
 
