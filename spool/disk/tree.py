@@ -55,6 +55,7 @@ __all__ = [
     "NO_LINKS",
     "READ_RETRY_PAUSES",
     "STATES",
+    "SUBMISSION",
     "TRANSIENT",
     "VANISHED",
     "Listing",
@@ -95,6 +96,9 @@ __all__ = [
 #: release). ``spool fsck`` restores a job file that went missing from every
 #: state folder from it.
 JOB_COPY = "job.json"
+#: The accepted drop as it was submitted (``attempts/<job>/submission.json``, format 2):
+#: moved out of ``incoming/`` once its job is durable, never fsynced, never read by spool.
+SUBMISSION = "submission.json"
 
 #: The queue states that are folders of job files (``held`` is pending, set aside
 #: by an operator; ``running`` holds one folder per worker).

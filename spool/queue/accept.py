@@ -49,6 +49,7 @@ from spool.disk.diskfull import is_disk_full
 from spool.disk.tree import (
     JOB_COPY,
     NO_LINKS,
+    SUBMISSION,
     Tree,
     fsync_dir,
     is_visible,
@@ -775,10 +776,6 @@ def accept_incoming(
     if error is not None:
         raise error
     return out
-
-
-#: The accepted drop's name in its job's attempts folder (format 2).
-SUBMISSION = "submission.json"
 
 
 def keep_submission(tree: Tree, jid: str, taken: Path) -> None:

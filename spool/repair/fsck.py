@@ -58,6 +58,7 @@ from spool.core.problems import Problem
 from spool.disk import store
 from spool.disk.tree import (
     FLAT_STATES,
+    JOB_COPY,
     Tree,
     copy_verified,
     fsync_dir,
@@ -68,7 +69,6 @@ from spool.disk.tree import (
 from spool.kinds import views
 from spool.library import index, segments
 from spool.queue import depends, liveness, quarantine
-from spool.queue.accept import JOB_COPY
 from spool.queue.attempt import staged_result
 from spool.queue.events import Journal, cli_writer
 from spool.queue.publish import install_manifest

@@ -46,8 +46,16 @@ from spool.core.model import AttemptRecord, Failure, Interruption, Manifest, enc
 from spool.disk import formats
 from spool.disk.records import damaged as damage
 from spool.disk.records import read
-from spool.disk.tree import NO_LINKS, Tree, fsync_dir, make_dirs, visible_names, write_atomic
-from spool.queue.accept import JOB_COPY, SUBMISSION
+from spool.disk.tree import (
+    JOB_COPY,
+    NO_LINKS,
+    SUBMISSION,
+    Tree,
+    fsync_dir,
+    make_dirs,
+    visible_names,
+    write_atomic,
+)
 from spool.queue.events import read_file
 
 #: Seconds a file must have been left alone before it is judged (a writer may be at work).
