@@ -170,86 +170,53 @@ class Tree(Value):
 
     __match_args__ = ("root",)
     root: Path
+    # The folders: plain attributes, joined once (a property joined a path at every use,
+    # ~90 joins a job on the daemon's path).
+    config_file: Path
+    incoming: Path
+    pending: Path
+    running: Path
+    complete: Path
+    failed: Path
+    rejected: Path
+    attempts: Path
+    waiting: Path
+    deps: Path
+    variants: Path
+    held: Path
+    quarantine: Path
+    approvals: Path
+    store: Path
+    manifests: Path
+    workers: Path
+    events: Path
 
     def __init__(self, root: Path) -> None:
-        self._set(root=root)
+        self._set(
+            root=root,
+            config_file=root / "spool.toml",
+            incoming=root / "incoming",
+            pending=root / "pending",
+            running=root / "running",
+            complete=root / "complete",
+            failed=root / "failed",
+            rejected=root / "rejected",
+            attempts=root / "attempts",
+            waiting=root / "waiting",
+            deps=root / "deps",
+            variants=root / "variants",
+            held=root / "held",
+            quarantine=root / "quarantine",
+            approvals=root / "approvals",
+            store=root / "store",
+            manifests=root / "manifests",
+            workers=root / "workers",
+            events=root / "events",
+        )
 
     @classmethod
     def at(cls, root: str | os.PathLike[str]) -> Tree:
         return cls(Path(root).absolute())
-
-    # -- folders -----------------------------------------------------------
-    @property
-    def config_file(self) -> Path:
-        return self.root / "spool.toml"
-
-    @property
-    def incoming(self) -> Path:
-        return self.root / "incoming"
-
-    @property
-    def pending(self) -> Path:
-        return self.root / "pending"
-
-    @property
-    def running(self) -> Path:
-        return self.root / "running"
-
-    @property
-    def complete(self) -> Path:
-        return self.root / "complete"
-
-    @property
-    def failed(self) -> Path:
-        return self.root / "failed"
-
-    @property
-    def rejected(self) -> Path:
-        return self.root / "rejected"
-
-    @property
-    def attempts(self) -> Path:
-        return self.root / "attempts"
-
-    @property
-    def waiting(self) -> Path:
-        return self.root / "waiting"
-
-    @property
-    def deps(self) -> Path:
-        return self.root / "deps"
-
-    @property
-    def variants(self) -> Path:
-        return self.root / "variants"
-
-    @property
-    def held(self) -> Path:
-        return self.root / "held"
-
-    @property
-    def quarantine(self) -> Path:
-        return self.root / "quarantine"
-
-    @property
-    def approvals(self) -> Path:
-        return self.root / "approvals"
-
-    @property
-    def store(self) -> Path:
-        return self.root / "store"
-
-    @property
-    def manifests(self) -> Path:
-        return self.root / "manifests"
-
-    @property
-    def workers(self) -> Path:
-        return self.root / "workers"
-
-    @property
-    def events(self) -> Path:
-        return self.root / "events"
 
     # -- files -------------------------------------------------------------
     def running_dir(self, worker: str) -> Path:
