@@ -51,5 +51,7 @@ def __getattr__(name: str) -> Any:
     if name in __all__:
         from spool.kinds import registry  # here: spool.toml is read without loading every kind (+~70 ms)
 
-        return getattr(registry, name)
+        value = getattr(registry, name)
+        globals()[name] = value  # found directly from now on (this hook ran ~8 times a job)
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
