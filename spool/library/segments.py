@@ -133,10 +133,13 @@ def write(tree: Tree, lines: list[Line], writer: str) -> Path:
     """One segment holding ``lines``, durable on return (the file, then its folder:
     inside a :func:`spool.disk.groupcommit.together` batch, at the batch's end)."""
     d = folder(tree)
-    make_dirs(d)
     data = b"".join(_encoder.encode(x) + b"\n" for x in lines)
     path = d / _name(writer)
-    write_atomic(path, data, mode=0o444, replace=False)
+    try:
+        write_atomic(path, data, mode=0o444, replace=False)
+    except FileNotFoundError:  # the spool's first segment: made here, not looked for each time
+        make_dirs(d)
+        write_atomic(path, data, mode=0o444, replace=False)
     _remember(path.name, list(lines))  # what it holds is known: no read back
     return path
 

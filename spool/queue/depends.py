@@ -476,12 +476,10 @@ def settle(
     ``changed``: job IDs (or names) whose state changed: only their dependents are
     looked at. ``jobs``: these dependents. Neither: every ref folder (a sweep), whose
     dependents are read only where the target is no longer in flight."""
-    waiting = _listing(tree.waiting)
-    held = _listing(tree.held)
     done = Settled()
-    if not waiting and not held:
-        return done
-    candidates: list[str] = []
+    # The reverse index first when only some jobs changed: most changes concern no
+    # dependent, and that answer is one listing (deps/), not two (waiting/, held/; on a
+    # NAS each listing is a round trip, and the daemon settles after nearly every step).
     folders = (
         set()
         if jobs is not None
@@ -491,6 +489,11 @@ def settle(
     )
     if jobs is None and not folders:
         return done
+    waiting = _listing(tree.waiting)
+    held = _listing(tree.held)
+    if not waiting and not held:
+        return done
+    candidates: list[str] = []
     snap = Snapshot(tree)
     if jobs is not None:
         candidates = sorted(set(jobs))
