@@ -216,7 +216,7 @@ def run(mode: str) -> tuple[list[Row], list[str]]:
             )
     notes = [
         f"latency: closed loop per job (drop, wait until complete, pause, next), after {WARM_UP} warm-up "
-        "jobs; claim time = attempt.json claimed_at.",
+        "jobs; claim time = the worker's journal line telling the claim (written once the claim is durable).",
         f"latency: inotify: {n} jobs per filesystem, pause 5-20 ms, one floor iteration after each job "
         "(write+fsync a job file, rename into pending/ + fsync, rename into running/ + fsync both folders); "
         "ratio = median of per-job spool/floor ratios.",
