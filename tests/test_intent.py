@@ -168,7 +168,10 @@ def test_held_jobs_are_not_claimed_until_released(tree, assets, daemons):
     assert run_cli("hold", jid, spool=tree).returncode == 0
     assert json.loads(run_cli("status", "--json", spool=tree, check=True).stdout)["counts"]["held"] == 1
     d = daemons(tree, "w1")
-    time.sleep(1.5)
+    # A job submitted after the hold runs to the end: the daemon has claimed since, and
+    # passed the held one by (a wait on that, not on a sleep that a slow start outlasts).
+    probe = _submit(tree, assets, "probe")
+    wait_for(lambda: (tree.complete / f"{probe}.json").exists(), timeout=60)
     assert (tree.held / f"{jid}.json").exists() and not tree.attempt_dir(jid, 1).exists()
     assert run_cli("release", jid, spool=tree).returncode == 0
     wait_for(lambda: (tree.complete / f"{jid}.json").exists(), timeout=60)

@@ -126,7 +126,8 @@ def test_daemon_leaves_a_suspect_other_host_worker_alone_by_default(tree, cfg, a
     _record(tree, "far-quiet", host="far", beat_age=3600)
     settings.write(tree.config_file, {"recovery": {"stale_after": 0.5}})
     d = daemons(tree, "w1")
-    time.sleep(3)
+    wait_for(lambda: "started on" in d.output(), timeout=30)  # 3 s of its loop, not of its start-up
+    time.sleep(3)  # six times stale_after: a policy that took it over would have by now
     assert state_files(tree)["running"] == [f"{jid}.json"]
     d.signal(signal.SIGTERM)
     d.wait()
