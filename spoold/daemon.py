@@ -70,7 +70,7 @@ class Daemon:
         self.interrupt = threading.Event()
         self.stopping = False
         self.stop_deadline = 0.0
-        self.journal = Journal(tree, worker)
+        self.journal = Journal(tree, worker, keep_open=True)  # its own file: open for good
         self.ctx = Context(tree, cfg, worker, self.journal, self.interrupt, resumes_driven=True)
         self.index = claim.PendingIndex(tree, worker)
         #: One thread per running attempt, whatever pool it draws from.
@@ -142,6 +142,10 @@ class Daemon:
         finally:
             groupcommit.install(before)
             log.info("group commit: %d folder fsyncs for %d asked", syncer.calls, syncer.requests)
+            try:
+                self.journal.close()
+            except OSError as exc:  # its lines are in the file; only the last fsync failed
+                log.error("could not make the journal's last lines durable: %s", diskfull.describe(exc))
             self.identity.release()
 
     def _run(self) -> int:

@@ -4,8 +4,9 @@ Each writer (a daemon's worker identity, or ``<host>-cli`` for commands run on
 a host) has a file of its own, so writers on different hosts never append to
 one file (``O_APPEND`` is not atomic across NFS clients). Processes on one
 host that share the cli file serialise with a local ``flock``, which is
-reliable there. The journal is a record for humans and scripts, not the source of
-truth: the tree is.
+reliable there, and open it per line. A daemon keeps its own file open (``keep_open``):
+no other process writes under the worker identity it holds. The journal is a
+record for humans and scripts, not the source of truth: the tree is.
 
 Durability (SPEC 11, invariant 9): a line is written after the transition it
 tells of is durable, and not fsynced on its own. It becomes durable with the
@@ -30,6 +31,7 @@ import fcntl
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -62,9 +64,28 @@ class _File:
         self.synced = 0
         self.checked_tail = False
         self.fsyncs = 0
+        #: Kept open between lines (a daemon's own file, ``Journal(keep_open=True)``): what it holds, the
+        #: file's identity, when the name was last compared with it, and descriptors of a
+        #: file moved away, fsynced by the next commit and then closed.
+        self.keep_open = False
+        self._fd: int | None = None
+        self._ident: tuple[int, int] | None = None
+        self._looked = 0.0
+        self._retired: list[int] = []
 
     def append(self, line: bytes) -> None:
         """Write one line (called with ``lock`` held); it rides on the next group commit."""
+        if self.keep_open:
+            # No flock: a kept file is a daemon's own, named by the worker identity it holds
+            # (spool.queue.workers), so no other process appends to it.
+            fd = self._kept()
+            if not self.checked_tail:
+                _end_torn_tail(fd)
+                self.checked_tail = True
+            os.write(fd, line)
+            self.written += 1
+            ride_folder_fsyncs(self)
+            return
         rw = os.O_WRONLY if self.checked_tail else os.O_RDWR  # the first write reads the tail
         fd = os.open(self.path, rw | os.O_APPEND | os.O_CREAT, 0o666)  # umask decides
         try:
@@ -80,6 +101,37 @@ class _File:
         finally:
             os.close(fd)  # closing drops the lock
 
+    def _kept(self) -> int:
+        """The kept descriptor (called with ``lock`` held). At most every
+        :data:`LOOK_AGAIN` seconds the name is compared with it: a file moved away or
+        removed (rotated by hand) is left for a new one at the same name; its lines are
+        still made durable by the next commit."""
+        now = time.monotonic()
+        if self._fd is not None and now - self._looked < LOOK_AGAIN:
+            return self._fd
+        self._looked = now
+        try:
+            st = os.stat(self.path)
+            ident: tuple[int, int] | None = (st.st_dev, st.st_ino)
+        except FileNotFoundError:
+            ident = None
+        if self._fd is not None:
+            if ident == self._ident:
+                return self._fd
+            self._retired.append(self._fd)
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)  # umask decides
+        st = os.fstat(fd)
+        self._fd, self._ident = fd, (st.st_dev, st.st_ino)
+        self.checked_tail = False  # another file: its tail is looked at once
+        return fd
+
+    def close(self) -> None:
+        """Close the kept file (commit first: lines not yet durable stay so); later lines open it per line."""
+        with self.sync_lock, self.lock:
+            for fd in [*self._retired, *([self._fd] if self._fd is not None else [])]:
+                os.close(fd)
+            self._fd, self._ident, self._retired, self.keep_open = None, None, [], False
+
     def commit(self) -> None:
         """Make every line written so far durable: one fsync, unless none is needed.
 
@@ -91,21 +143,35 @@ class _File:
         with self.sync_lock:
             want = self.written  # every line counted here was written before the fsync below
             if self.synced < want:
-                try:
-                    fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
-                except FileNotFoundError:
-                    fd = -1  # removed (a test's tidy-up): nothing left to make durable
-                if fd >= 0:
+                with self.lock:
+                    kept, retired, self._retired = self._fd, self._retired, []
+                for fd in retired:  # a kept file moved away: its last lines, then let go
                     try:
                         os.fsync(fd)
                     finally:
                         os.close(fd)
+                if kept is not None:
+                    os.fsync(kept)
                     self.fsyncs += 1
+                else:
+                    try:
+                        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+                    except FileNotFoundError:
+                        fd = -1  # removed (a test's tidy-up): nothing left to make durable
+                    if fd >= 0:
+                        try:
+                            os.fsync(fd)
+                        finally:
+                            os.close(fd)
+                        self.fsyncs += 1
                 self.synced = max(self.synced, want)
         with self.lock:  # a line written meanwhile rides again (append adds it under this lock)
             if self.synced >= self.written:
                 stop_riding(self)
 
+
+#: How often a kept journal's name is compared with the file it holds (seconds).
+LOOK_AGAIN = 1.0
 
 _files: dict[Path, _File] = {}
 _files_lock = threading.Lock()
@@ -122,10 +188,15 @@ def _file(path: Path) -> _File:
 class Journal:
     """Appends events for one writer; safe to share between threads."""
 
-    def __init__(self, tree: Tree, writer: str) -> None:
+    def __init__(self, tree: Tree, writer: str, *, keep_open: bool = False) -> None:
+        """``keep_open``: the file stays open between lines (a daemon's own journal: one
+        open and close fewer a line, and a commit's; a round trip each on a NAS); the
+        owner calls :meth:`close` when done."""
         self.path = tree.events / f"{writer}.jsonl"
         self.writer = writer
         self._file = _file(self.path)
+        if keep_open:
+            self._file.keep_open = True
         #: Called with every event after it is written (metrics, notifications).
         self.listeners: list[Callable[[Event], None]] = []
 
@@ -168,6 +239,11 @@ class Journal:
     def commit(self) -> None:
         """Make every line of this journal's file written so far durable (see :class:`_File`)."""
         self._file.commit()
+
+    def close(self) -> None:
+        """Make the lines durable and close the kept file (``keep_open``); later lines open it again."""
+        self._file.commit()
+        self._file.close()
 
 
 def _end_torn_tail(fd: int) -> None:
