@@ -707,6 +707,8 @@ class Daemon:
         held = sum(self.reserved.values())
         if held + need > self.cfg.limits.temp_disk_bytes:
             return False
+        if held + need == 0:
+            return True  # nothing to find room for (a no-op, an adoption): no statvfs
         st = os.statvfs(self.tree.attempts)
         return st.f_bavail * st.f_frsize >= held + need
 

@@ -94,3 +94,16 @@ def test_oldest_submitted_is_the_minimum_over_every_band_and_ignores_what_left(t
     for jid in rng.sample(sorted(index._keys), 400):
         index.discard(jid)
         assert index.oldest_submitted() == everything()
+
+
+def test_a_job_indexed_from_its_accepted_bytes_is_not_looked_up_for_a_delay(tree: Tree, monkeypatch):
+    """A job this daemon accepted a moment ago has had no attempt: no delay.json, no
+    blocked-*.json to look for when it comes up. One indexed from its file is looked up."""
+    looked: list[str] = []
+    monkeypatch.setattr(claim.retry, "not_before", lambda t, jid: looked.append(jid))
+    _write(tree, "old@1", 0, 1, 0)
+    index = _indexed(tree)
+    body = {"job_id": "new@1", "operation": "noop", "priority": 0, "submitted_at": "2026-01-01T00:02:00Z"}
+    index.note_accepted("new@1", json.dumps(body).encode())
+    assert list(index.ordered()) == ["old@1", "new@1"]
+    assert looked == ["old@1"]

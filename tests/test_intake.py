@@ -75,6 +75,24 @@ def test_an_accepted_drop_is_kept_beside_its_job_not_freed(
         assert not kept.exists()
 
 
+def test_only_a_new_job_is_handed_over_as_bytes_to_index_without_its_file(
+    tree: Tree, cfg: Config, journal: Journal, assets: Path
+):
+    """The daemon indexes a job from the bytes acceptance wrote, and skips looking for a
+    retry's delay.json or a blocked-*.json (a new job has had no attempt). A drop delivered
+    again after a crash finds its job already made: that job may have run and be waiting out
+    a retry, so it comes without bytes and is indexed from its file, delay and all."""
+    data = json.dumps(minimal(assets, "again")).encode()
+    (tree.incoming / "again.json").write_bytes(data)
+    (first,) = accept.accept_incoming(tree, cfg, "w1", journal)
+    assert isinstance(first, accept.Accepted) and first.data is not None
+    # The same drop again, as a crash before its move out of incoming/ leaves it.
+    (tree.incoming / ".accepting.w1.again.json").write_bytes(data)
+    (again,) = accept.accept_incoming(tree, cfg, "w1", journal)
+    assert isinstance(again, accept.Accepted) and again.job.job_id == first.job.job_id
+    assert again.data is None
+
+
 # -- 8: reasons name what the user dropped ----------------------------------------------------
 
 

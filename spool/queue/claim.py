@@ -254,6 +254,10 @@ class PendingIndex:
         if jid in self._keys:
             return
         self._unread_set.add(jid)
+        # Nothing to look up when it comes up: a job accepted a moment ago has had no
+        # attempt, so no retry's delay.json and no worker's blocked-*.json (two lookups a
+        # job fewer, a round trip each on a NAS).
+        self._checked.add(jid)
         key = self._merge(jid, self._parse(data, jid))
         if key is not None:
             bisect.insort(self._sorted, key)
