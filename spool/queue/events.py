@@ -78,13 +78,7 @@ class _File:
         if self.keep_open:
             # No flock: a kept file is a daemon's own, named by the worker identity it holds
             # (spool.queue.workers), so no other process appends to it.
-            fd = self._kept()
-            if not self.checked_tail:
-                _end_torn_tail(fd)
-                self.checked_tail = True
-            os.write(fd, line)
-            self.written += 1
-            ride_folder_fsyncs(self)
+            self._write(self._kept(), line)
             return
         rw = os.O_WRONLY if self.checked_tail else os.O_RDWR  # the first write reads the tail
         fd = os.open(self.path, rw | os.O_APPEND | os.O_CREAT, 0o666)  # umask decides
@@ -92,14 +86,18 @@ class _File:
             # flock, not portalocker: it is a one-liner here, and importing
             # portalocker costs a CLI call ~100 ms when redis is installed.
             fcntl.flock(fd, fcntl.LOCK_EX)
-            if not self.checked_tail:
-                _end_torn_tail(fd)
-                self.checked_tail = True
-            os.write(fd, line)
-            self.written += 1
-            ride_folder_fsyncs(self)
+            self._write(fd, line)
         finally:
             os.close(fd)  # closing drops the lock
+
+    def _write(self, fd: int, line: bytes) -> None:
+        """The line at the end of the open file (a torn tail ended first, once per file)."""
+        if not self.checked_tail:
+            _end_torn_tail(fd)
+            self.checked_tail = True
+        os.write(fd, line)
+        self.written += 1
+        ride_folder_fsyncs(self)
 
     def _kept(self) -> int:
         """The kept descriptor (called with ``lock`` held). At most every
