@@ -170,8 +170,8 @@ class Tree(Value):
 
     __match_args__ = ("root",)
     root: Path
-    # The folders: plain attributes, joined once (a property joined a path at every use,
-    # ~90 joins a job on the daemon's path).
+    # The folders (FOLDERS): plain attributes, joined once (a property joined a path at
+    # every use, ~90 joins a job on the daemon's path).
     config_file: Path
     incoming: Path
     pending: Path
@@ -192,27 +192,7 @@ class Tree(Value):
     events: Path
 
     def __init__(self, root: Path) -> None:
-        self._set(
-            root=root,
-            config_file=root / "spool.toml",
-            incoming=root / "incoming",
-            pending=root / "pending",
-            running=root / "running",
-            complete=root / "complete",
-            failed=root / "failed",
-            rejected=root / "rejected",
-            attempts=root / "attempts",
-            waiting=root / "waiting",
-            deps=root / "deps",
-            variants=root / "variants",
-            held=root / "held",
-            quarantine=root / "quarantine",
-            approvals=root / "approvals",
-            store=root / "store",
-            manifests=root / "manifests",
-            workers=root / "workers",
-            events=root / "events",
-        )
+        self._set(root=root, config_file=root / "spool.toml", **{name: root / name for name in FOLDERS})
 
     @classmethod
     def at(cls, root: str | os.PathLike[str]) -> Tree:

@@ -144,24 +144,16 @@ class _File:
                 with self.lock:
                     kept, retired, self._retired = self._fd, self._retired, []
                 for fd in retired:  # a kept file moved away: its last lines, then let go
-                    try:
-                        os.fsync(fd)
-                    finally:
-                        os.close(fd)
+                    _fsync_and_close(fd)
                 if kept is not None:
                     os.fsync(kept)
                     self.fsyncs += 1
                 else:
                     try:
-                        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
-                    except FileNotFoundError:
-                        fd = -1  # removed (a test's tidy-up): nothing left to make durable
-                    if fd >= 0:
-                        try:
-                            os.fsync(fd)
-                        finally:
-                            os.close(fd)
+                        _fsync_and_close(os.open(self.path, os.O_WRONLY | os.O_APPEND))
                         self.fsyncs += 1
+                    except FileNotFoundError:
+                        pass  # removed (a test's tidy-up): nothing left to make durable
                 self.synced = max(self.synced, want)
         with self.lock:  # a line written meanwhile rides again (append adds it under this lock)
             if self.synced >= self.written:
@@ -242,6 +234,13 @@ class Journal:
         """Make the lines durable and close the kept file (``keep_open``); later lines open it again."""
         self._file.commit()
         self._file.close()
+
+
+def _fsync_and_close(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _end_torn_tail(fd: int) -> None:
