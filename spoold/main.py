@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import faulthandler
 import logging
-import os
 import signal
 from pathlib import Path
 from typing import Annotated
@@ -14,7 +13,7 @@ import typer
 from spool.core import config, secrets
 from spool.core.errors import SpoolError
 from spool.disk import diskfull, formats
-from spool.disk.tree import Tree
+from spool.disk.tree import Tree, apply_umask
 from spool.queue.workers import worker_id
 from spoold.daemon import Daemon
 from spoold.notify import log_handler
@@ -56,7 +55,7 @@ def run(
         formats.writing(tree.root, fresh=True)  # a tree newer than this code: refused, untouched
         cfg = config.load(tree.config_file)
         secrets.install_from(cfg.secrets.env, cfg.secrets.files)
-        os.umask(cfg.permissions.umask_bits)
+        apply_umask(cfg.permissions.umask_bits)
         code = Daemon(tree, cfg, worker_id(worker), drain=drain).run()
     except SpoolError as exc:
         typer.echo(f"spoold: {exc}", err=True)

@@ -31,7 +31,6 @@ clock skew between hosts cannot make a healthy worker look dead.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -40,7 +39,7 @@ from spool import kinds
 from spool.core import config, secrets
 from spool.core.config import Config
 from spool.disk import diskfull, formats
-from spool.disk.tree import Tree
+from spool.disk.tree import Tree, apply_umask
 from spool.library import segments
 from spool.queue import blocklist, health, liveness
 from spool.repair import recover
@@ -257,7 +256,7 @@ class ConfigReload(Hook):
         if new is None:
             return
         secrets.install_from(new.secrets.env, new.secrets.files)
-        os.umask(new.permissions.umask_bits)
+        apply_umask(new.permissions.umask_bits)
         daemon.use_config(new)
 
 

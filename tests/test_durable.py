@@ -149,3 +149,46 @@ def test_write_once_trusts_unnamed_files_only_on_local_filesystems(
     write_atomic(tmp_path / "c.json", b"whole", replace=False)
     assert made == ["c.json"] and (tmp_path / "c.json").read_bytes() == b"whole"
     assert os.listdir(tmp_path) == ["c.json"]
+
+
+@pytest.fixture
+def restore_umask() -> Iterator[None]:
+    before = os.umask(0o022)
+    os.umask(before)
+    known = durable._umask
+    yield
+    os.umask(before)
+    durable._umask = known
+
+
+@pytest.mark.parametrize("umask, chmods", [(0o022, 1), (0o002, 1), (0o077, 3)])
+def test_exact_modes_need_a_chmod_only_where_the_umask_narrows_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, restore_umask: None, umask: int, chmods: int
+) -> None:
+    """A read-only record is created with its mode: the umask a spool process applied
+    (``[permissions] umask``) decides whether a chmod must follow (on a NAS each chmod is
+    a round trip). Either way the records end with exactly the mode asked for."""
+    calls: list[str] = []
+    real_fchmod, real_chmod = os.fchmod, os.chmod
+    monkeypatch.setattr(os, "fchmod", lambda fd, m: (calls.append("fchmod"), real_fchmod(fd, m))[1])
+    monkeypatch.setattr(os, "chmod", lambda p, m, **kw: (calls.append("chmod"), real_chmod(p, m, **kw))[1])
+    durable.apply_umask(umask)
+    once, replaced, copied = tmp_path / "once.json", tmp_path / "replaced.json", tmp_path / "copied.json"
+    write_atomic(once, b"{}", mode=0o444, replace=False)
+    write_atomic(replaced, b"{}", mode=0o444)
+    copy_verified(once, copied)
+    copy_verified(once, tmp_path / "read-only.json", mode=0o444)
+    for f in (once, replaced, tmp_path / "read-only.json"):
+        assert stat.S_IMODE(f.stat().st_mode) == 0o444, f
+    assert stat.S_IMODE(copied.stat().st_mode) == 0o666 & ~umask
+    # a read-only copy's temp file (made 0o666) always needs one; the others only under 0o077
+    assert len(calls) == chmods, calls
+
+
+def test_an_unknown_umask_is_never_trusted(tmp_path: Path, restore_umask: None) -> None:
+    """Until a process applied its umask through the spool, every exact mode is set."""
+    durable._umask = None
+    os.umask(0o277)
+    target = tmp_path / "r.json"
+    write_atomic(target, b"{}", mode=0o444, replace=False)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o444

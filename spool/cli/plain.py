@@ -30,7 +30,7 @@ from spool.core import secrets
 from spool.core.errors import InvalidInput, NotFound, SpoolError
 from spool.core.printable import map_strings, printable
 from spool.disk import formats
-from spool.disk.tree import Tree
+from spool.disk.tree import Tree, apply_umask
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -102,7 +102,7 @@ def load_config(tree: Tree) -> Config:
 
     cfg = config.load(tree.config_file)
     secrets.install_from(cfg.secrets.env, cfg.secrets.files)
-    os.umask(cfg.permissions.umask_bits)
+    apply_umask(cfg.permissions.umask_bits)
     return cfg
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import grp
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -13,7 +12,7 @@ from spool.cli import fast
 from spool.cli.common import JsonOpt, SpoolOpt, app, fail, load_config, print_json
 from spool.core import config
 from spool.core.errors import InvalidInput, SpoolError
-from spool.disk.tree import Tree, write_atomic
+from spool.disk.tree import Tree, apply_umask, write_atomic
 
 # -- commands --------------------------------------------------------------------------
 
@@ -44,7 +43,7 @@ def init(
                 gid = grp.getgrnam(group).gr_gid
             except KeyError:
                 raise InvalidInput("--group", f"{group!r} is not a group on this host") from None
-            os.umask(0o002)
+            apply_umask(0o002)
         tree.create()
         if gid is not None:
             tree.share_with_group(gid)

@@ -210,6 +210,24 @@ def fsync_dir(path: Path, after: Path | None = None) -> None:
         os.close(fd)
 
 
+#: The process umask as last set through :func:`apply_umask`; ``None`` while unknown (then
+#: every exact mode is set by a chmod after the create, whatever the umask).
+_umask: int | None = None
+
+
+def apply_umask(bits: int) -> None:
+    """Set the process umask (``[permissions] umask``) and remember it, so a file created
+    with a mode the umask leaves whole needs no chmod after (on a NAS each is a round trip)."""
+    global _umask
+    os.umask(bits)
+    _umask = bits
+
+
+def needs_chmod(created: int, mode: int) -> bool:
+    """Whether a file opened with the mode ``created`` may lack the exact ``mode``."""
+    return _umask is None or (created & ~_umask) != mode
+
+
 def write_atomic(
     path: Path,
     data: bytes,
@@ -250,7 +268,7 @@ def write_atomic(
             _write_all(fd, data, durable)
         finally:
             os.close(fd)
-        _take_name(tmp, path, mode, replace)  # the umask may have narrowed the mode
+        _take_name(tmp, path, mode, replace, created=0o666 if mode is None else mode)
     except BaseException:
         _drop(tmp)
         raise
@@ -326,8 +344,8 @@ class Prepared:
             fd = os.open(self._temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if mode is None else mode)
         try:
             _write_all(fd, self._data, self._durable)
-            if mode is not None:
-                os.fchmod(fd, mode)  # the umask may have narrowed it
+            if mode is not None and needs_chmod(mode, mode):
+                os.fchmod(fd, mode)  # the umask narrowed it
         except BaseException:
             os.close(fd)
             self.discard()
@@ -452,7 +470,7 @@ def copy_verified(
             copied = hashlib.file_digest(f, "sha256").hexdigest()
         if copied != want:
             raise OSError(errno.EIO, f"the copy of {src.name} does not match sha256 {want}", str(dst))
-        _take_name(tmp, dst, mode, replace)
+        _take_name(tmp, dst, mode, replace, created=0o666)
     except BaseException:
         _drop(tmp)
         raise
@@ -460,10 +478,11 @@ def copy_verified(
         fsync_dir(dst.parent)
 
 
-def _take_name(tmp: Path, dst: Path, mode: int | None, replace: bool) -> None:
-    """A finished temp file becomes ``dst``: its mode set first, then renamed over ``dst``
-    (``replace``) or linked to it without replacing (``FileExistsError``)."""
-    if mode is not None:
+def _take_name(tmp: Path, dst: Path, mode: int | None, replace: bool, *, created: int) -> None:
+    """A finished temp file (opened with the mode ``created``) becomes ``dst``: its mode
+    set first, then renamed over ``dst`` (``replace``) or linked to it without replacing
+    (``FileExistsError``)."""
+    if mode is not None and needs_chmod(created, mode):
         os.chmod(tmp, mode)
     if replace:
         os.replace(tmp, dst)
