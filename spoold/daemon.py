@@ -58,6 +58,10 @@ log = logging.getLogger("spoold")
 COMPANY = 0.005
 
 
+#: Drops accepted in one step at most (one group-commit batch); a full batch lists again.
+INTAKE_BATCH = 1000
+
+
 class Daemon:
     def __init__(
         self, tree: Tree, cfg: Config, worker: str, *, drain: bool = False, hooks: list[Hook] | None = None
@@ -102,6 +106,8 @@ class Daemon:
         #: Which drops in incoming/ are finished (inotify evidence, else a quiet period).
         self.arrivals = Arrivals(tree.incoming, cfg.daemon.incoming_quiet)
         self.watcher = Watcher([tree.incoming, tree.pending], self.wake, tree.pending, self.arrivals)
+        #: When (monotonic) incoming/ must be listed again though nothing said it changed.
+        self._next_intake = 0.0
         self._signals = 0
         self._told_stopping = False
         #: Counters hooks may read (metrics): claims lost to another worker, and so on.
@@ -303,7 +309,8 @@ class Daemon:
                 log.info("%s: interrupting %d render(s)", why, len(self.slots))
                 self.interrupt.set()
         else:
-            self._accept()
+            if self._intake_due(now):
+                self._accept(now)
             if self.index.backlog or (now >= self._next_scan and self.index.listing_due(now)):
                 self.index.refresh()  # the truth, on a timer: inotify misses other hosts
                 self._next_scan = now + self.cfg.daemon.poll_interval
@@ -363,16 +370,26 @@ class Daemon:
         self.arrivals.quiet = new.daemon.incoming_quiet
         self.beat_soon()
 
-    def _accept(self) -> int:
+    def _intake_due(self, now: float) -> bool:
+        """Whether this step lists ``incoming/``: when the watcher saw a drop arrive, while
+        drops seen are not yet finished, and at least every ``poll_interval`` (another
+        host's drops raise no event here; a polled drop is taken within incoming_quiet +
+        poll_interval, as documented). Not at every step: a loop steps several times a
+        job, and on a NAS each listing is four round trips."""
+        return self.watcher.took_arrival() or self.arrivals.waiting() or now >= self._next_intake
+
+    def _accept(self, now: float) -> int:
         try:
             outcomes = accept.accept_incoming(
-                self.tree, self.cfg, self.worker, self.journal, arrivals=self.arrivals
+                self.tree, self.cfg, self.worker, self.journal, limit=INTAKE_BATCH, arrivals=self.arrivals
             )
         except Exception as exc:  # the daemon never dies on input; log and carry on
             if diskfull.is_disk_full(exc):
                 raise  # the loop backs off and says so once
             log.exception("accepting from incoming/ failed")
             return 0
+        # Listed and taken: the next listing is due on the timer, or at once if the batch was full.
+        self._next_intake = now + self.cfg.daemon.poll_interval if len(outcomes) < INTAKE_BATCH else 0.0
         for o in outcomes:
             if isinstance(o, accept.Rejected):
                 log.warning("rejected %s: %s", o.path.name, o.error)

@@ -273,3 +273,45 @@ def test_a_file_hard_linked_in_is_taken_at_once(tree: Tree, cfg: Config, journal
         assert (tree.rejected / "linked.json").read_bytes() == b"[]"
     finally:
         watcher.stop()
+
+
+def test_incoming_is_listed_when_a_drop_arrives_and_on_the_timer_not_at_every_step(tree: Tree, assets: Path):
+    """The loop lists incoming/ when its watcher saw a drop arrive, while a drop seen is
+    unfinished, and every poll_interval (another host's drops raise no event here); not
+    at every step (several a job: on a NAS each listing is four round trips)."""
+    from spool.core import config as config_mod
+    from spoold.daemon import Daemon
+
+    d = Daemon(tree, config_mod.load(tree.config_file), "probe", hooks=[])
+    poll = d.cfg.daemon.poll_interval
+    assert d.watcher.start()
+    try:
+        t0 = time.monotonic()
+        assert d._intake_due(t0)  # a first step: drops from before the start, a crash's leftovers
+        d._accept(t0)
+        assert not d._intake_due(t0 + poll / 2)  # nothing arrived since
+        body = json.dumps(minimal(assets, "arrives")).encode()
+        (tree.incoming / ".arrives.json.tmp").write_bytes(body)
+        os.rename(tree.incoming / ".arrives.json.tmp", tree.incoming / "arrives.json")
+        wait_for(lambda: d._intake_due(t0 + poll / 2), timeout=5)  # once the watcher saw it
+        d._accept(t0 + poll / 2)
+        assert status.locate(tree, "arrives@1") is not None
+        assert not d._intake_due(t0 + poll)  # taken: nothing waits
+        body = json.dumps(minimal(assets, "slow")).encode()
+        with open(tree.incoming / "slow.json", "wb") as f:  # a writer still at work
+            f.write(body[:5])
+            f.flush()
+            wait_for(lambda: d._intake_due(t0 + poll), timeout=5)  # its creation seen
+            d._accept(t0 + poll)
+            assert status.locate(tree, "slow@1") is None
+            assert d._intake_due(t0 + poll) and d._intake_due(t0 + poll)  # seen, unfinished: every step
+            f.write(body[5:])
+        wait_for(lambda: d.arrivals.ready("slow.json", os.lstat(tree.incoming / "slow.json")), timeout=5)
+        assert d._intake_due(t0 + poll)
+        d._accept(t0 + poll)
+        assert status.locate(tree, "slow@1") is not None
+        assert not d._intake_due(t0 + poll + poll / 2)
+        assert d._intake_due(t0 + 2.5 * poll)  # the timer: what no event here shows
+    finally:
+        d.watcher.stop()
+        d.journal.close()

@@ -114,6 +114,12 @@ class Arrivals:
             return True
         return now - since >= wait
 
+    def waiting(self) -> bool:
+        """Whether a drop was seen that has not been taken yet (still being written, or
+        finished since the last listing): the folder must be listed again soon."""
+        with self._lock:
+            return bool(self._open or self._finished or self._seen)
+
     def why_waiting(self, name: str) -> str:
         with self._lock:
             if name in self._open:
