@@ -626,6 +626,7 @@ class Daemon:
                         need,
                     )
                 continue  # leave it pending; a smaller job may fit now, this one later
+            first = self.index.fresh(jid)
             self.index.discard(jid)  # either ours now, or somebody else's
             if not claim.claim(self.tree, self.worker, jid):
                 self.stats["claim_conflicts"] += 1
@@ -641,7 +642,7 @@ class Daemon:
                 crashpoint("after_claim")
                 loaded = execute.load_claimed(self.ctx, jid)
                 if isinstance(loaded, JobBase):
-                    attempt = execute.open_claimed(self.ctx, jid, durable=False)
+                    attempt = execute.open_claimed(self.ctx, jid, durable=False, first=first)
                     crashpoint("after_attempt_dir")
                     opened[jid] = (loaded, attempt)
                 else:

@@ -107,3 +107,18 @@ def test_a_job_indexed_from_its_accepted_bytes_is_not_looked_up_for_a_delay(tree
     index.note_accepted("new@1", json.dumps(body).encode())
     assert list(index.ordered()) == ["old@1", "new@1"]
     assert looked == ["old@1"]
+
+
+def test_only_a_job_accepted_here_and_never_gone_is_fresh(tree: Tree):
+    """Fresh (its first attempt numbered without a listing): accepted by this process and
+    not out of the index since. A job read from its file may have run elsewhere."""
+    _write(tree, "old@1", 0, 1, 0)
+    index = _indexed(tree)
+    body = {"job_id": "new@1", "operation": "noop", "priority": 0, "submitted_at": "2026-01-01T00:02:00Z"}
+    index.note_accepted("new@1", json.dumps(body).encode())
+    assert index.fresh("new@1") and not index.fresh("old@1")
+    index.discard("new@1")  # claimed (by anyone): back in pending/ later, it may have run
+    assert not index.fresh("new@1")
+    _write(tree, "new@1", 0, 1, 0)
+    index.note("new@1")
+    assert sorted(index.ordered()) == ["new@1", "old@1"] and not index.fresh("new@1")

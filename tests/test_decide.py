@@ -12,6 +12,7 @@ import errno
 import os
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from spool.core.model import Evidence
@@ -117,3 +118,28 @@ def test_open_attempt_takes_the_next_number_after_a_taken_one(tmp_path: Path):
     (folder / "1" / "work" / "x").write_text("x")
     a = open_attempt(tree, "j@1", "w1")
     assert a.n == 2 and (a.dir / "attempt.json").is_file()
+
+
+def test_a_first_attempt_known_as_such_is_numbered_without_a_listing(tmp_path: Path, monkeypatch):
+    """A job the daemon accepted a moment ago: attempt 1, no listing of attempts/J/ (a round
+    trip on a NAS), and no reservation folder needed beforehand."""
+    tree = Tree.at(tmp_path / "spool")
+    tree.create()
+    monkeypatch.setattr(Tree, "attempt_numbers", lambda self, jid: pytest.fail("attempts/J/ was listed"))
+    a = open_attempt(tree, "j@1", "w1", first=True)
+    assert a.n == 1 and (a.dir / "attempt.json").is_file()
+
+
+def test_a_wrong_first_guess_takes_the_next_free_number_never_a_used_one(tmp_path: Path):
+    """Told "first" for a job that ran twice already (another host ran it while this
+    daemon's index did not look): the refused renames lead to 3; 1 and 2 are untouched."""
+    tree = Tree.at(tmp_path / "spool")
+    tree.create()
+    one = open_attempt(tree, "j@1", "w1")
+    two = open_attempt(tree, "j@1", "w2")
+    before = [(p / "attempt.json").read_bytes() for p in (one.dir, two.dir)]
+    third = open_attempt(tree, "j@1", "w1", first=True)
+    assert (one.n, two.n, third.n) == (1, 2, 3)
+    assert [(p / "attempt.json").read_bytes() for p in (one.dir, two.dir)] == before
+    assert msgspec.json.decode((third.dir / "attempt.json").read_bytes())["n"] == 3
+    assert sorted(os.listdir(tree.job_attempts("j@1"))) == ["1", "2", "3"]  # no staging left

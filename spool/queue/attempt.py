@@ -91,18 +91,26 @@ class Attempt:
 
 
 def open_attempt(
-    tree: Tree, job_id: str, worker: str, reason: str = "claim", *, durable: bool = True
+    tree: Tree, job_id: str, worker: str, reason: str = "claim", *, durable: bool = True, first: bool = False
 ) -> Attempt:
     """Create the next attempt folder for a job this worker owns. ``durable=False``:
     neither the record, the staging folder nor ``attempts/<job_id>/`` is fsynced
     (format 2's slot attempts; see the module docstring); ``durable=True``: all three
-    (``attempts/<job_id>/`` inside a group-commit batch at its end)."""
+    (``attempts/<job_id>/`` inside a group-commit batch at its end).
+
+    ``first``: the caller knows of no earlier attempt (it accepted the job a moment ago),
+    so number 1 is tried without listing ``attempts/<job_id>/`` (a round trip on a NAS).
+    A wrong guess costs one refused rename per earlier attempt, never a number used
+    twice: attempt folders are never removed while their job lives."""
     parent = tree.job_attempts(job_id)
-    make_dirs(parent)
     staging = parent / f".new.{HOST}.{os.getpid()}.{secrets.token_hex(4)}"
-    os.mkdir(staging)
+    try:
+        os.mkdir(staging)
+    except FileNotFoundError:  # no reservation folder (a job from before them, or fsck's restore)
+        make_dirs(parent)
+        os.mkdir(staging)
     os.mkdir(staging / "work")
-    n = (max(tree.attempt_numbers(job_id), default=0)) + 1
+    n = 1 if first else max(tree.attempt_numbers(job_id), default=0) + 1
     rec = AttemptRecord(
         job_id=job_id,
         n=n,

@@ -119,6 +119,8 @@ class PendingIndex:
         self._estimate: dict[str, int] = {}
         #: job IDs whose retry delay has been looked up since they entered pending/
         self._checked: set[str] = set()
+        #: job IDs this process accepted that have not left the index since (see fresh)
+        self._fresh: set[str] = set()
         #: names in pending/ that cannot be a job file (see take_damaged)
         self._damaged: set[str] = set()
         #: job ID -> resource pool, for jobs outside the render pool (few; saves memory)
@@ -258,6 +260,7 @@ class PendingIndex:
         # attempt, so no retry's delay.json and no worker's blocked-*.json (two lookups a
         # job fewer, a round trip each on a NAS).
         self._checked.add(jid)
+        self._fresh.add(jid)
         key = self._merge(jid, self._parse(data, jid))
         if key is not None:
             bisect.insort(self._sorted, key)
@@ -389,6 +392,12 @@ class PendingIndex:
         self._pool.pop(jid, None)
         self._blocked.discard(jid)
         self._checked.discard(jid)
+        self._fresh.discard(jid)
+
+    def fresh(self, jid: str) -> bool:
+        """Whether ``jid`` was accepted by this process and has not left the index since:
+        no attempt of it is known (its first is numbered without a listing)."""
+        return jid in self._fresh
 
 
 def claim(tree: Tree, worker: str, job_id: str) -> bool:

@@ -105,12 +105,13 @@ def load_claimed(ctx: Context, job_id: str) -> JobBase | quarantine.Damaged | No
         return None
 
 
-def open_claimed(ctx: Context, job_id: str, *, durable: bool | None = None) -> Attempt:
-    """The attempt of a claim (see :func:`start` for ``durable``); inside the daemon's
-    claim batch, its folder's fsync is the batch's."""
+def open_claimed(ctx: Context, job_id: str, *, durable: bool | None = None, first: bool = False) -> Attempt:
+    """The attempt of a claim (see :func:`start` for ``durable``, and
+    :func:`spool.queue.attempt.open_attempt` for ``first``); inside the daemon's claim
+    batch, its folder's fsync is the batch's."""
     if durable is None:
         durable = formats.writing(ctx.tree.root) == 1
-    return open_attempt(ctx.tree, job_id, ctx.worker, durable=durable)
+    return open_attempt(ctx.tree, job_id, ctx.worker, durable=durable, first=first)
 
 
 def started(ctx: Context, job_id: str, attempt: Attempt) -> None:
