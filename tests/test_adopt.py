@@ -169,6 +169,7 @@ def test_a_folder_is_adopted_once_and_untagged_files_are_reported(folder, tmp_pa
     again = adopt_cli(tree, lib, "--tags", str(tags_csv))
     assert again["counts"] == {"already": len(tagged), "untagged": len(untagged)}
     assert len(os.listdir(tree.root / "complete")) == len(tagged)  # nothing adopted twice
+    assert os.listdir(tree.root / "running") == []  # no empty <host>-adopt/ left as a worker
 
 
 @pytest.mark.system

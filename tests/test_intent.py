@@ -104,6 +104,7 @@ def test_cancel_pending_and_held_jobs(tree, assets):
         assert f["stage"] == "cancel" and f["property"] == "cancelled" and f["next_action"]
     assert "an editor" in _show(tree, a)["failure"]["message"]
     assert run_cli("cancel", a, spool=tree).returncode == 2  # already failed
+    assert os.listdir(tree.running) == []  # the canceller's holding folder went with its jobs
     assert invariants.check(tree.root) == []
 
 

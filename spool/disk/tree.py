@@ -246,6 +246,15 @@ class Tree(Value):
     def worker_lock(self, worker: str) -> Path:
         return self.workers / f".{worker}.lock"
 
+    def tidy_running(self, worker: str) -> None:
+        """Remove ``running/<worker>/`` if it is empty: a command's brief holder
+        (``<host>-cancel``, ``<host>-adopt``) leaves no folder that ``ls running`` shows
+        as a worker. A holder that needs it again makes it again (``transfer`` does)."""
+        try:
+            os.rmdir(self.running / worker)
+        except OSError:
+            pass  # not empty (another holder on this host, an interrupted run's jobs), or gone
+
     def relative(self, path: Path) -> str:
         """A path as recorded in manifests: relative to the spool root."""
         return str(path.relative_to(self.root))

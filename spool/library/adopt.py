@@ -333,6 +333,7 @@ class Adoption:
                 list(pool.map(one, planned))
         finally:
             beat.beat(state="stopped")
+            self.tree.tidy_running(self.worker)  # kept while an interrupted run's jobs are in it
             identity.release()
             groupcommit.install(before)
         return Report([it for it in items if it], unsupported, False, time.monotonic() - started)

@@ -365,6 +365,7 @@ def cancel(
         att = open_attempt(tree, job_id, CANCELLER, reason=f"cancel by {by}")
         write_failure(att, cancelled_failure(job_id, att.n, f"{by} (spool cancel on {HOST})", why, loc.state))
         transfer(dst, tree.job_file("failed", job_id))
+        tree.tidy_running(CANCELLER)
         _clear_hold(tree, job_id)
         journal.record(
             job_id, "failed", from_=loc.state, attempt=att.n, reason=why, stage="cancel", property="cancelled"
