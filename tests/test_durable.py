@@ -192,3 +192,29 @@ def test_an_unknown_umask_is_never_trusted(tmp_path: Path, restore_umask: None) 
     target = tmp_path / "r.json"
     write_atomic(target, b"{}", mode=0o444, replace=False)
     assert stat.S_IMODE(target.stat().st_mode) == 0o444
+
+
+def test_a_first_claim_wins_though_another_thread_made_the_worker_folder_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two first claims of one worker at once (spool library adopt's threads): the rename
+    of one finds no running/<worker>/ (ENOENT), the other thread makes it before the
+    first looks. The first must still move its own job, not report it taken by somebody
+    else (seen once in CI as an adopted file reported "busy")."""
+    pending, dst = tmp_path / "pending", tmp_path / "running" / "w" / "j@1.json"
+    pending.mkdir()
+    src = pending / "j@1.json"
+    src.write_bytes(b"{}")
+    real_rename = os.rename
+    raced: list[str] = []
+
+    def rename(a: object, b: object) -> None:
+        if not raced:
+            raced.append("the other thread made the folder")
+            dst.parent.mkdir(parents=True)
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(b))
+        real_rename(a, b)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "rename", rename)
+    assert durable.transfer(src, dst)
+    assert raced and dst.read_bytes() == b"{}" and not src.exists()

@@ -599,7 +599,7 @@ def rename_durable(src: Path, dst: Path) -> None:
         fsync_dir(src.parent, after=dst.parent)
 
 
-def transfer(src: Path, dst: Path) -> bool:
+def transfer(src: Path, dst: Path, *, _again: bool = True) -> bool:
     """Move a job file from one state folder to another: the one way spool does it.
 
     Claim, return to pending, takeover, hold, release, cancel, complete and fail
@@ -608,7 +608,9 @@ def transfer(src: Path, dst: Path) -> bool:
     * ``os.rename`` is the whole transition; of several racing renames of one
       source exactly one wins on every filesystem spool trusts.
     * A missing destination folder (a worker's first claim) is created and the
-      rename tried once more.
+      rename tried once more, also when another thread made the folder between our
+      rename and our look (two first claims at once: the loser of that race is not
+      the loser of the job).
     * An error whose errno is in :data:`VANISHED` means "the source is not
       there": either somebody else moved it (we lost), or the reply to our own
       rename was lost and the client retransmitted it (docs/research/nas.md section 4). We
@@ -624,9 +626,9 @@ def transfer(src: Path, dst: Path) -> bool:
     try:
         os.rename(src, dst)
     except FileNotFoundError:
-        if not dst.parent.is_dir() and src.exists():
-            make_dirs(dst.parent)
-            return transfer(src, dst)
+        if _again and src.exists():
+            make_dirs(dst.parent)  # missing when we renamed (made since by another thread: fine)
+            return transfer(src, dst, _again=False)
         if not _landed(src, dst):
             return False
     except OSError as exc:
