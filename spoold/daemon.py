@@ -371,12 +371,12 @@ class Daemon:
         self.beat_soon()
 
     def _intake_due(self, now: float) -> bool:
-        """Whether this step lists ``incoming/``: when the watcher saw a drop arrive, while
-        drops seen are not yet finished, and at least every ``poll_interval`` (another
+        """Whether this step lists ``incoming/``: while a drop seen (by the watcher's
+        events or a listing) has not been taken, and at least every ``poll_interval`` (another
         host's drops raise no event here; a polled drop is taken within incoming_quiet +
         poll_interval, as documented). Not at every step: a loop steps several times a
         job, and on a NAS each listing is four round trips."""
-        return self.watcher.took_arrival() or self.arrivals.waiting() or now >= self._next_intake
+        return self.arrivals.waiting() or now >= self._next_intake
 
     def _accept(self, now: float) -> int:
         try:

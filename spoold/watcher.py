@@ -95,7 +95,6 @@ class Watcher:
         #: writing, or renamed in) or gone: what makes a drop safe to take.
         self.arrivals = arrivals
         self._changed: set[str] = set()
-        self._arrived = False  # something appeared in, or left, the arrivals' folder
         self._lock = threading.Lock()
         self._reader: InotifyFD | None = None
         self.stopping = False
@@ -120,23 +119,10 @@ class Watcher:
                 a.finished(name)
             elif kind in ("deleted", "moved"):
                 a.gone(name)
-            if kind in ("created", "closed"):
-                with self._lock:
-                    self._arrived = True  # after the evidence: the listing it asks for sees it
         if kind == "moved" and dest:
             folder, name = os.path.split(dest)
             if folder == a.folder:
                 a.finished(name)
-                with self._lock:
-                    self._arrived = True
-
-    def took_arrival(self) -> bool:
-        """Whether a (visible) name arrived in the arrivals' folder (created, written and
-        closed, or renamed in) since the last call: the loop then lists that folder. A name
-        that went needs no listing."""
-        with self._lock:
-            arrived, self._arrived = self._arrived, False
-        return arrived
 
     def changed(self) -> set[str]:
         """Job IDs whose ``pending/`` file appeared or went since the last call."""
