@@ -35,7 +35,7 @@ from spool.kinds import capacities
 from spool.kinds.pools import Pools
 from spool.queue import accept, claim, depends, execute, publish, quarantine
 from spool.queue.arrivals import Arrivals
-from spool.queue.attempt import Attempt
+from spool.queue.attempt import Attempt, NotYet
 from spool.queue.events import Journal
 from spool.queue.execute import Context
 from spool.queue.publish import Ready
@@ -475,7 +475,7 @@ class Daemon:
         if not ready and (not claiming or self.pools.full()):
             return
         claimed: list[tuple[str, str]] = []
-        opened: dict[str, tuple[JobBase, Attempt] | quarantine.Damaged | None] = {}
+        opened: dict[str, tuple[JobBase, Attempt] | quarantine.Damaged | str | None] = {}
         rooms = self._gates() if claiming else {}
         for r in ready:
             self._release(r.job_id)  # its attempt is done: its slot is free for a claim
@@ -513,7 +513,7 @@ class Daemon:
     def _start_claimed(
         self,
         claimed: list[tuple[str, str]],
-        opened: dict[str, tuple[JobBase, Attempt] | quarantine.Damaged | None],
+        opened: dict[str, tuple[JobBase, Attempt] | quarantine.Damaged | str | None],
         v2: bool,
     ) -> None:
         """Start the jobs of a durable claim batch (a thread each, or the driver)."""
@@ -533,7 +533,10 @@ class Daemon:
                 execute.started(self.ctx, jid, attempt)
                 self.slots[jid] = self.threads.run(f"job-{jid}", partial(self._run_slot, jid, job, attempt))
                 continue
-            outcome = "lost" if got is None else execute.quarantined(self.ctx, jid, got)
+            if isinstance(got, str):
+                outcome = got  # given back before its attempt opened (early)
+            else:
+                outcome = "lost" if got is None else execute.quarantined(self.ctx, jid, got)
             log.info("%s: %s", jid, outcome)
             self.slots[jid] = self._done_slot(jid)
 
@@ -600,7 +603,7 @@ class Daemon:
         self,
         claimed: list[tuple[str, str]],
         rooms: dict[str, int],
-        opened: dict[str, tuple[JobBase, Attempt] | quarantine.Damaged | None] | None = None,
+        opened: dict[str, tuple[JobBase, Attempt] | quarantine.Damaged | str | None] | None = None,
     ) -> None:
         """Claim into free slots (inside the caller's batch). ``opened`` (format 2): each
         claim of a slot kind is checked and its attempt opened here, inside the batch, without
@@ -642,7 +645,11 @@ class Daemon:
                 crashpoint("after_claim")
                 loaded = execute.load_claimed(self.ctx, jid)
                 if isinstance(loaded, JobBase):
-                    attempt = execute.open_claimed(self.ctx, jid, durable=False, first=first)
+                    try:
+                        attempt = execute.open_claimed(self.ctx, jid, durable=False, first=first)
+                    except NotYet as early:
+                        opened[jid] = execute.give_back(self.ctx, early)
+                        continue
                     crashpoint("after_attempt_dir")
                     opened[jid] = (loaded, attempt)
                 else:

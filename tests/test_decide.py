@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from pathlib import Path
 
 import msgspec
@@ -17,7 +18,8 @@ import pytest
 
 from spool.core.model import Evidence
 from spool.disk.tree import Tree
-from spool.queue.attempt import open_attempt
+from spool.queue import retry
+from spool.queue.attempt import NotYet, open_attempt
 from spool.repair.recover import decide
 
 
@@ -125,8 +127,10 @@ def test_a_first_attempt_known_as_such_is_numbered_without_a_listing(tmp_path: P
     trip on a NAS), and no reservation folder needed beforehand."""
     tree = Tree.at(tmp_path / "spool")
     tree.create()
-    monkeypatch.setattr(Tree, "attempt_numbers", lambda self, jid: pytest.fail("attempts/J/ was listed"))
-    a = open_attempt(tree, "j@1", "w1", first=True)
+    real = os.listdir
+    folder = str(tree.job_attempts("j@1"))
+    monkeypatch.setattr(os, "listdir", lambda p=".": pytest.fail("listed") if str(p) == folder else real(p))
+    a = open_attempt(tree, "j@1", "w1", first=True, claim=True)
     assert a.n == 1 and (a.dir / "attempt.json").is_file()
 
 
@@ -143,3 +147,23 @@ def test_a_wrong_first_guess_takes_the_next_free_number_never_a_used_one(tmp_pat
     assert [(p / "attempt.json").read_bytes() for p in (one.dir, two.dir)] == before
     assert msgspec.json.decode((third.dir / "attempt.json").read_bytes())["n"] == 3
     assert sorted(os.listdir(tree.job_attempts("j@1"))) == ["1", "2", "3"]  # no staging left
+
+
+@pytest.mark.parametrize("first", [False, True], ids=["listed", "guessed-first"])
+def test_a_claim_before_its_retry_delay_is_over_opens_no_attempt(tmp_path: Path, first: bool):
+    """Another host failed the job and returned it with a delay after this worker looked it
+    up: the claim's attempt is refused (NotYet) and nothing is created, whether its number
+    came from a listing or from a first guess the refused rename proves wrong. Past the
+    delay it opens; recovery's and cancel's attempts (not claims) never wait."""
+    tree = Tree.at(tmp_path / "spool")
+    tree.create()
+    open_attempt(tree, "j@1", "w2")
+    retry.delay_until(tree, "j@1", time.time() + 3600, 1, "test: a retryable failure elsewhere")
+    before = sorted(os.listdir(tree.job_attempts("j@1")))
+    with pytest.raises(NotYet) as early:
+        open_attempt(tree, "j@1", "w1", first=first, claim=True)
+    assert early.value.until > time.time() + 3000
+    assert sorted(os.listdir(tree.job_attempts("j@1"))) == before == ["1", "delay.json"]
+    assert open_attempt(tree, "j@1", "w1", reason="recovery of attempt 1").n == 2
+    retry.delay_until(tree, "j@1", time.time() - 1, 2, "test: over")
+    assert open_attempt(tree, "j@1", "w1", first=first, claim=True).n == 3

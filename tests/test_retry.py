@@ -5,14 +5,22 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
+import time
 from datetime import datetime
 
 import invariants
+import pytest
 from conftest import minimal, run_cli, state_files, wait_for, write_json
+from libhelp import allow_noop, noop_sub
 
 from spool.core import settings
 from spool.core.config import Recovery
-from spool.queue import retry
+from spool.disk.tree import transfer
+from spool.queue import accept, claim, execute, retry
+from spool.queue.attempt import open_attempt
+from spool.queue.events import Journal
+from spool.queue.execute import Context
 
 
 def test_backoff_doubles_and_is_capped():
@@ -81,3 +89,57 @@ def test_operator_retry_mark_closes_the_attempt_for_recovery(tree, cfg, assets):
     assert recover.current_attempt(tree, "x@1", "w1") == 1
     retry.mark_operator_retry(tree, "x@1", "alice")
     assert recover.current_attempt(tree, "x@1", "w1") == 0
+
+
+def _returned_with_a_delay_elsewhere(tree, jid: str) -> list[str]:
+    """Another host's whole attempt, unseen here: it claims the job, fails it, and returns
+    it to pending/ with a retry delay of an hour. Returns attempts/J/ as it left it."""
+    assert claim.claim(tree, "other-host", jid)
+    open_attempt(tree, jid, "other-host")
+    retry.delay_until(tree, jid, time.time() + 3600, 1, "test: a retryable failure on another host")
+    assert transfer(tree.job_file("running", jid, "other-host"), tree.job_file("pending", jid))
+    return sorted(os.listdir(tree.job_attempts(jid)))
+
+
+@pytest.mark.parametrize("known", ["accepted-here", "looked-up"])
+def test_a_job_returned_with_a_delay_since_it_was_looked_up_is_given_back_not_run(tree, known):
+    """The claim order knows the job has no delay (this daemon accepted it, or looked it up);
+    then another host claims, fails and returns it with a delay between two of this daemon's
+    listings (on a NAS no inotify event shows it). The daemon's claim must not run it early:
+    the attempt is refused and the job given back to pending/, its attempts untouched."""
+    from spoold.daemon import Daemon
+
+    cfg = allow_noop(tree)
+    d = Daemon(tree, cfg, "probe", hooks=[])
+    if known == "accepted-here":
+        (tree.incoming / "early.json").write_bytes(noop_sub("early"))
+        # No watcher runs (as on a NAS): the drop is taken once quiet for incoming_quiet.
+        wait_for(lambda: d._accept(time.monotonic()) > 0, timeout=10)
+        assert d.index.fresh("early@1")
+    else:
+        accept.accept_bytes(tree, cfg, noop_sub("early"), "tester")
+        d.index.refresh()
+        assert list(d.index.ordered()) == ["early@1"]  # looked up now: no delay yet
+    left = _returned_with_a_delay_elsewhere(tree, "early@1")
+    d._fill_slots()
+    assert d.stats["claims"] == 1  # claimed, then given back
+    assert (tree.pending / "early@1.json").is_file() and not any(tree.running.rglob("early@1.json"))
+    assert sorted(os.listdir(tree.job_attempts("early@1"))) == left
+    assert {"1", "delay.json"} <= set(left) and "2" not in left
+    d._reap()
+    assert not d.slots and not d.reserved
+    d._fill_slots()  # its delay is known now: not claimed again
+    assert d.stats["claims"] == 1
+
+
+def test_a_claimed_job_whose_delay_is_not_over_is_given_back_by_execute(tree):
+    """The same refusal on the path every runner's start takes (format 1's slot threads,
+    the driver's admissions, `spool work`)."""
+    cfg = allow_noop(tree)
+    accept.accept_bytes(tree, cfg, noop_sub("early"), "tester")
+    left = _returned_with_a_delay_elsewhere(tree, "early@1")
+    assert claim.claim(tree, "w1", "early@1")
+    ctx = Context(tree, cfg, "w1", Journal(tree, "w1"), threading.Event())
+    assert execute.execute(ctx, "early@1") == "early"
+    assert (tree.pending / "early@1.json").is_file()
+    assert sorted(os.listdir(tree.job_attempts("early@1"))) == left

@@ -36,6 +36,7 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +45,19 @@ import msgspec
 from spool.core.model import AttemptRecord, Failure, Manifest, Record, encode, now
 from spool.disk.records import read
 from spool.disk.tree import HOST, Tree, boot_id, fsync_dir, make_dirs, write_atomic, write_unseen
+from spool.queue import retry
+
+
+class NotYet(Exception):
+    """A claim came before the job's retry delay was over: another host failed the job
+    and returned it with a ``delay.json`` after this worker last looked it up. No
+    attempt was opened; the caller gives the job back to ``pending/``."""
+
+    def __init__(self, job_id: str, until: float) -> None:
+        super().__init__(f"{job_id} may not be claimed before {until:.0f} (its retry delay)")
+        self.job_id = job_id
+        #: epoch seconds: when the job may be claimed
+        self.until = until
 
 
 @dataclass(frozen=True)
@@ -91,7 +105,14 @@ class Attempt:
 
 
 def open_attempt(
-    tree: Tree, job_id: str, worker: str, reason: str = "claim", *, durable: bool = True, first: bool = False
+    tree: Tree,
+    job_id: str,
+    worker: str,
+    reason: str = "claim",
+    *,
+    durable: bool = True,
+    first: bool = False,
+    claim: bool = False,
 ) -> Attempt:
     """Create the next attempt folder for a job this worker owns. ``durable=False``:
     neither the record, the staging folder nor ``attempts/<job_id>/`` is fsynced
@@ -100,9 +121,17 @@ def open_attempt(
 
     ``first``: the caller knows of no earlier attempt (it accepted the job a moment ago),
     so number 1 is tried without listing ``attempts/<job_id>/`` (a round trip on a NAS).
-    A wrong guess costs one refused rename per earlier attempt, never a number used
-    twice: attempt folders are never removed while their job lives."""
+    A wrong guess costs one refused rename and then a listing, never a number used
+    twice: attempt folders are never removed while their job lives.
+
+    ``claim``: the attempt of a claim, which must not come before the job's retry delay.
+    The claim order looked the delay up earlier, but another host may have run the job
+    and returned it with one since; so whenever ``attempts/<job_id>/`` shows earlier
+    attempts (the listing this numbering makes anyway, or a refused first guess), a
+    ``delay.json`` there is read, and :class:`NotYet` is raised, with nothing created,
+    while it is not over. A job with no earlier attempt has no delay: no read."""
     parent = tree.job_attempts(job_id)
+    n = 1 if first else _next_number(tree, job_id, claim)
     staging = parent / f".new.{HOST}.{os.getpid()}.{secrets.token_hex(4)}"
     try:
         os.mkdir(staging)
@@ -110,7 +139,6 @@ def open_attempt(
         make_dirs(parent)
         os.mkdir(staging)
     os.mkdir(staging / "work")
-    n = 1 if first else max(tree.attempt_numbers(job_id), default=0) + 1
     rec = AttemptRecord(
         job_id=job_id,
         n=n,
@@ -121,6 +149,7 @@ def open_attempt(
         claimed_at=now(),
         reason=reason,
     )
+    guessed = first
     while True:
         write_unseen(staging / "attempt.json", encode(rec), durable=durable)  # staging: unseen until renamed
         try:
@@ -128,17 +157,38 @@ def open_attempt(
             break
         except OSError as exc:
             # Renaming a folder onto a non-empty one fails with ENOTEMPTY (or EEXIST):
-            # <n> was taken (only after a crash mid-numbering), so take the next
-            # number. Anything else (EACCES, EROFS, ENOSPC) is a located error:
-            # retrying it would loop forever with n rising.
+            # <n> was taken (after a crash mid-numbering, or a wrong first guess), so
+            # take the next number. Anything else (EACCES, EROFS, ENOSPC) is a located
+            # error: retrying it would loop forever with n rising.
             if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                 _remove_staging(staging)
                 raise
+            if guessed:  # the job has a history after all: look at it once
+                guessed = False
+                try:
+                    n = max(n, _next_number(tree, job_id, claim) - 1)
+                except NotYet:
+                    _remove_staging(staging)
+                    raise
             n += 1
             rec = msgspec.structs.replace(rec, n=n)
     if durable:
         fsync_dir(parent)
     return Attempt(tree, job_id, n, rec)
+
+
+def _next_number(tree: Tree, job_id: str, claim: bool) -> int:
+    """The number after the job's last attempt, from one listing of ``attempts/<job_id>/``;
+    for a claim, raises :class:`NotYet` if a ``delay.json`` there is not over."""
+    try:
+        names = os.listdir(tree.job_attempts(job_id))
+    except FileNotFoundError:
+        return 1
+    if claim and retry.DELAY in names:
+        until = retry.not_before(tree, job_id)
+        if until is not None and until > time.time():
+            raise NotYet(job_id, until)
+    return max((int(x) for x in names if x.isdigit()), default=0) + 1
 
 
 def _remove_staging(staging: Path) -> None:

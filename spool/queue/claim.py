@@ -258,7 +258,8 @@ class PendingIndex:
         self._unread_set.add(jid)
         # Nothing to look up when it comes up: a job accepted a moment ago has had no
         # attempt, so no retry's delay.json and no worker's blocked-*.json (two lookups a
-        # job fewer, a round trip each on a NAS).
+        # job fewer, a round trip each on a NAS). Should another host run it and return
+        # it with a delay unseen here, the claim's attempt refuses it (attempt.NotYet).
         self._checked.add(jid)
         self._fresh.add(jid)
         key = self._merge(jid, self._parse(data, jid))
@@ -328,7 +329,10 @@ class PendingIndex:
                 continue  # left pending/ since it was indexed
             if k.job_id not in self._checked:
                 # A retry's backoff is looked up when the job comes up, not for every
-                # pending job at indexing time (one stat each: 100,000 at start-up).
+                # pending job at indexing time (one stat each: 100,000 at start-up). The
+                # answer is kept while the job stays listed; one another host's retry
+                # changed since is caught at the claim (attempt.NotYet), so this lookup
+                # only spares claims that would be given back.
                 self._checked.add(k.job_id)
                 wait_until = retry.not_before(self.tree, k.job_id)
                 if wait_until is not None:

@@ -35,7 +35,7 @@ from spool.disk import formats
 from spool.disk.tree import HOST, transfer
 from spool.kinds.base import Produced
 from spool.queue import blocklist, cancel, endings, quarantine, retry
-from spool.queue.attempt import Attempt, drop_partial, open_attempt, write_failure
+from spool.queue.attempt import Attempt, NotYet, drop_partial, open_attempt, write_failure
 from spool.queue.context import Context
 from spool.queue.events import Journal
 from spool.queue.publish import Ready, prepare, publish
@@ -47,6 +47,7 @@ __all__ = [
     "execute",
     "finish",
     "gate",
+    "give_back",
     "load_claimed",
     "open_claimed",
     "run_to_ready",
@@ -61,6 +62,7 @@ log = logging.getLogger("spool.queue.execute")
 def execute(ctx: Context, job_id: str) -> str:
     """Run a job this worker has just claimed, on this thread (a ``slot`` kind). Returns
     the outcome: ``complete``, ``failed``, ``retry``, ``interrupted``, ``deferred``,
+    ``early`` (claimed before its retry delay was over: given back untouched),
     ``lost`` (ownership lost), ``quarantined`` (the job file is damaged or was edited:
     never run), or for a host-class failure ``blocked`` (moved on to another worker)
     or ``host-failed``."""
@@ -88,7 +90,10 @@ def start(ctx: Context, job_id: str, *, durable: bool | None = None) -> tuple[Jo
         return _quarantine(ctx, job_id, loaded)
     if loaded is None:
         return "lost"  # gone from running/W: taken over meanwhile
-    attempt = open_claimed(ctx, job_id, durable=durable)
+    try:
+        attempt = open_claimed(ctx, job_id, durable=durable)
+    except NotYet as early:
+        return give_back(ctx, early)
     crashpoint("after_attempt_dir")
     started(ctx, job_id, attempt)
     return loaded, attempt
@@ -108,10 +113,21 @@ def load_claimed(ctx: Context, job_id: str) -> JobBase | quarantine.Damaged | No
 def open_claimed(ctx: Context, job_id: str, *, durable: bool | None = None, first: bool = False) -> Attempt:
     """The attempt of a claim (see :func:`start` for ``durable``, and
     :func:`spool.queue.attempt.open_attempt` for ``first``); inside the daemon's claim
-    batch, its folder's fsync is the batch's."""
+    batch, its folder's fsync is the batch's. Raises :class:`~spool.queue.attempt.NotYet`
+    for a claim made before the job's retry delay was over (see :func:`give_back`)."""
     if durable is None:
         durable = formats.writing(ctx.tree.root) == 1
-    return open_attempt(ctx.tree, job_id, ctx.worker, durable=durable, first=first)
+    return open_attempt(ctx.tree, job_id, ctx.worker, durable=durable, first=first, claim=True)
+
+
+def give_back(ctx: Context, early: NotYet) -> str:
+    """A claim made before the job's retry delay was over goes back to ``pending/`` as it
+    came: no attempt opened, no journal line (it never started), the delay untouched.
+    Returns the outcome, ``early`` (or ``lost`` if the job was taken away meanwhile)."""
+    if not _move(ctx, early.job_id, "pending"):
+        return "lost"
+    log.info("%s: claimed before its retry delay was over; given back to pending", early.job_id)
+    return "early"
 
 
 def started(ctx: Context, job_id: str, attempt: Attempt) -> None:

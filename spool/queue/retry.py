@@ -9,7 +9,9 @@ by exponential backoff, ``backoff * 2^(k-1)`` seconds capped at
 
 The job file is immutable, so the wait is a record beside it:
 ``attempts/J/delay.json`` says "not before T". The claim order skips a job
-until then. An operator's ``spool retry`` clears it.
+until then, and a claim's attempt is refused until then too
+(:class:`spool.queue.attempt.NotYet`): another host may have returned the job with
+a delay after this worker's order looked. An operator's ``spool retry`` clears it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from spool.core.config import Recovery
 from spool.core.model import AttemptRecord, Delay, Interruption, RetryMark, decode, encode, now
 from spool.disk.records import read
 from spool.disk.tree import Tree, write_atomic
+
+#: The record of a retry's wait, beside the job's attempts.
+DELAY = "delay.json"
 
 
 def claims_made(tree: Tree, job_id: str) -> int:
@@ -59,13 +64,13 @@ def delay_until(tree: Tree, job_id: str, until: float, after_attempt: int, reaso
     """``delay.json``: the job is not claimed before ``until`` (epoch seconds)."""
     when = datetime.fromtimestamp(until, UTC)
     rec = Delay(job_id=job_id, not_before=when, after_attempt=after_attempt, reason=reason)
-    write_atomic(tree.job_attempts(job_id) / "delay.json", encode(rec))
+    write_atomic(tree.job_attempts(job_id) / DELAY, encode(rec))
 
 
 def not_before(tree: Tree, job_id: str) -> float | None:
     """The earliest time (epoch seconds) the job may be claimed, if it must wait."""
     try:
-        data = (tree.job_attempts(job_id) / "delay.json").read_bytes()
+        data = (tree.job_attempts(job_id) / DELAY).read_bytes()
     except OSError:
         return None
     try:
@@ -76,7 +81,7 @@ def not_before(tree: Tree, job_id: str) -> float | None:
 
 def clear(tree: Tree, job_id: str) -> None:
     try:
-        os.unlink(tree.job_attempts(job_id) / "delay.json")
+        os.unlink(tree.job_attempts(job_id) / DELAY)
     except FileNotFoundError:
         pass
 
