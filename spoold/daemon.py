@@ -105,7 +105,7 @@ class Daemon:
         self.heartbeat = Heartbeat(tree, worker, cfg.limits.max_active, cfg.limits.temp_disk_bytes)
         #: Which drops in incoming/ are finished (inotify evidence, else a quiet period).
         self.arrivals = Arrivals(tree.incoming, cfg.daemon.incoming_quiet)
-        self.watcher = Watcher([tree.incoming, tree.pending], self.wake, tree.pending, self.arrivals)
+        self.watcher = Watcher([tree.incoming, tree.pending], tree.pending, self.arrivals)
         #: When (monotonic) incoming/ must be listed again though nothing said it changed.
         self._next_intake = 0.0
         self._signals = 0
@@ -290,6 +290,7 @@ class Daemon:
         self._reap()
         if not self.stopping:
             self.wake.clear()
+        self._take_events()
         call(self.hooks, "before_step", self)  # policies: orphans, a changed spool.toml
         now = time.monotonic()
         if self.stopping:
@@ -314,9 +315,6 @@ class Daemon:
             if self.index.backlog or (now >= self._next_scan and self.index.listing_due(now)):
                 self.index.refresh()  # the truth, on a timer: inotify misses other hosts
                 self._next_scan = now + self.cfg.daemon.poll_interval
-            else:
-                for jid in self.watcher.changed():  # local changes, name by name
-                    self.index.note(jid)
             self._settle(now)
             self._fill_slots()
             if self.drain and self._drained():
@@ -347,8 +345,21 @@ class Daemon:
             # Nothing running: this step's journal lines are made durable now, while idle,
             # not by the next job's first folder fsync (an fsync on its drop-to-claim path).
             self.journal.commit()
-        self.wake.wait(timeout=timeout)
+        if self._take_events() and not self.stopping:
+            timeout = 0.0  # something arrived meanwhile: step again at once
+        fd = self.watcher.fileno()
+        self.wake.wait(timeout, also=() if fd is None else (fd,))
         return True
+
+    def _take_events(self) -> bool:
+        """Apply what inotify saw since the last look, name by name; ``True`` when it
+        brought work: a drop to take, a job the claim order did not hold. Most events
+        are this loop's own moves (the drop it took, the job file it wrote, its claim):
+        they change nothing here and wake nothing."""
+        work = self.watcher.poll()
+        for jid, present in self.watcher.changed().items():
+            work |= self.index.note(jid, present)
+        return work
 
     # -- steps -------------------------------------------------------------------------
     def _pool_usage(self) -> dict[str, PoolUse]:

@@ -25,12 +25,15 @@ class Waker:
         except BlockingIOError:
             pass  # the pipe is full: the loop will wake anyway
 
-    def wait(self, timeout: float) -> bool:
-        """Sleep until rung or ``timeout`` seconds pass; True if rung. Consumes the rings."""
-        ready, _, _ = select.select([self._r], [], [], max(0.0, timeout))
+    def wait(self, timeout: float, also: tuple[int, ...] = ()) -> bool:
+        """Sleep until rung, one of ``also`` is readable (the watcher's inotify: its owner
+        reads it), or ``timeout`` seconds pass; True if woken before the timeout. Consumes
+        the rings, not what ``also`` holds."""
+        ready, _, _ = select.select([self._r, *also], [], [], max(0.0, timeout))
         if not ready:
             return False
-        self.clear()
+        if self._r in ready:
+            self.clear()
         return True
 
     def clear(self) -> None:

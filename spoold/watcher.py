@@ -1,4 +1,4 @@
-"""Wake-ups: inotify (watchdog) as a fast path, a periodic rescan as the truth.
+"""Wake-ups: inotify as a fast path, a periodic rescan as the truth.
 
 inotify sees only changes made through this host's kernel: on a network mount
 another host's drops and claims are invisible to it (docs/research/nas.md, table row g). So
@@ -6,26 +6,38 @@ the daemon always rescans on a timer too; inotify only makes local changes
 fast. Besides waking the loop, the watcher hands over the names that changed
 in ``pending/``, so the claim order can be updated name by name instead of
 rescanning a folder of 100,000 jobs after every claim.
+
+The loop reads the events itself, on its own thread: it sleeps on the inotify
+descriptor beside its waker (:meth:`Watcher.fileno`) and takes what is there
+(:meth:`Watcher.poll`) at each step and before it sleeps. Most events are the
+daemon's own moves (the drop it took, the job file it wrote, the claim), which
+bring it no work; read on a reader thread, each of them took the GIL from the
+loop and rang it awake for a step that found nothing to do. Read here, they are
+data: the loop sleeps again unless an event brought work (:meth:`poll`'s answer,
+and the claim order's, :meth:`spool.queue.claim.PendingIndex.note`).
 """
 
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import logging
 import os
-import threading
+import struct
 from pathlib import Path
 
+# watchdog's bindings of the three inotify calls (the library we use for watching); the
+# events are read and parsed here, on the loop's thread (see the module docstring).
 from watchdog.observers.inotify_c import (
-    CallbackId,
     InotifyConstants,
-    InotifyEvent,
-    InotifyFD,
     Mask,
     WatchDescriptor,
+    inotify_add_watch,
+    inotify_init,
+    inotify_rm_watch,
 )
 
 from spool.queue.arrivals import Arrivals
-from spoold.waker import Waker
 
 log = logging.getLogger("spoold.watcher")
 
@@ -40,115 +52,122 @@ MASK = Mask(
     | InotifyConstants.IN_MOVED_TO
 )
 
-
-class _Folder:
-    """watchdog's callback for one watched folder, called on its inotify reader thread.
-
-    Only watchdog's reader is used, not its observer: the observer's two more threads
-    (an emitter pairing moves through a delayed queue, a dispatcher) cost a daemon ~15 %
-    of its CPU per job and a GIL hand-off each on the drop-to-claim path; a move's two
-    halves need no pairing here (the name that left, the name that arrived)."""
-
-    def __init__(self, watcher: Watcher, folder: str) -> None:
-        self.watcher = watcher
-        self.folder = folder
-
-    def on_event(self, event: InotifyEvent) -> None:
-        if event.is_directory or not event.name or event.name.startswith(b"."):
-            # A hidden name is never a drop or a job file: a writer's temp file (a
-            # submitter's, our own job file's before its link), a drop being accepted.
-            # Only its visible end matters (the rename's other half), so it wakes nothing:
-            # each such wake-up cost the loop a step on the drop-to-claim path.
-            return
-        path = os.path.join(self.folder, os.fsdecode(event.name))
-        if event.is_create:
-            self.watcher.note_arrival("created", path, "")
-        elif event.is_close_write:
-            self.watcher.note_arrival("closed", path, "")
-        elif event.is_delete or event.is_moved_from:
-            self.watcher.note_arrival("deleted", path, "")
-        elif event.is_moved_to:
-            self.watcher.note_arrival("moved", "", path)
-        self.watcher.saw([path])
-
-    def on_watch_deleted(self, wd: WatchDescriptor) -> None:
-        if not self.watcher.stopping:  # stop() removes every watch: nothing to say then
-            log.warning("inotify: %s is no longer watched; relying on polling", self.folder)
-        self.watcher.wake.set()
-
-    def on_queue_overflow(self) -> None:
-        # Events were lost: the loop's rescan (on every wake-up and on its timer) is the truth.
-        self.watcher.wake.set()
+_EVENT = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len (then the name)
+#: Bytes read at a time: room for ~2,000 events of job-file names.
+_BUFFER = 65536
+_APPEARED = InotifyConstants.IN_CREATE | InotifyConstants.IN_CLOSE_WRITE | InotifyConstants.IN_MOVED_TO
+_LEFT = InotifyConstants.IN_DELETE | InotifyConstants.IN_MOVED_FROM
 
 
 class Watcher:
-    """Sets ``wake`` whenever something changes in the watched folders, and
-    collects the job IDs that changed in ``pending``."""
+    """inotify watches on the loop's folders, read without blocking by the loop itself:
+    drops arriving in ``incoming/`` are told to :class:`Arrivals`, names changing in
+    ``pending/`` are collected for :meth:`changed`."""
 
-    def __init__(
-        self, folders: list[Path], wake: Waker, pending: Path, arrivals: Arrivals | None = None
-    ) -> None:
+    def __init__(self, folders: list[Path], pending: Path, arrivals: Arrivals | None = None) -> None:
         self.folders = folders
-        self.wake = wake
         self.pending = str(pending)
         #: Told when a drop in its folder is created, finished (closed after
         #: writing, or renamed in) or gone: what makes a drop safe to take.
         self.arrivals = arrivals
-        self._changed: set[str] = set()
-        self._lock = threading.Lock()
-        self._reader: InotifyFD | None = None
-        self.stopping = False
-
-    def saw(self, paths: list[str]) -> None:
-        with self._lock:
-            for p in paths:
-                folder, name = os.path.split(p)
-                if folder == self.pending and name.endswith(".json") and not name.startswith("."):
-                    self._changed.add(name[:-5])
-        self.wake.set()
-
-    def note_arrival(self, kind: str, src: str, dest: str) -> None:
-        a = self.arrivals
-        if a is None:
-            return
-        folder, name = os.path.split(src)
-        if folder == a.folder:
-            if kind == "created":
-                a.created(name)
-            elif kind == "closed":
-                a.finished(name)
-            elif kind in ("deleted", "moved"):
-                a.gone(name)
-        if kind == "moved" and dest:
-            folder, name = os.path.split(dest)
-            if folder == a.folder:
-                a.finished(name)
-
-    def changed(self) -> set[str]:
-        """Job IDs whose ``pending/`` file appeared or went since the last call."""
-        with self._lock:
-            out, self._changed = self._changed, set()
-        return out
+        #: job ID -> whether its pending/ file was there at its last event
+        self._changed: dict[str, bool] = {}
+        self._fd: int | None = None
+        self._folder_of: dict[WatchDescriptor, str] = {}
 
     def start(self) -> bool:
         """Start inotify watches; ``False`` if they cannot be had (polling only)."""
-        reader: InotifyFD | None = None
-        try:
-            reader = InotifyFD()
-            for i, folder in enumerate(self.folders):
-                reader.add_callback(os.fsencode(folder), MASK, _Folder(self, str(folder)), CallbackId(i))
-            reader.start()
-        except Exception as exc:  # inotify limits, unsupported filesystems
-            log.warning("inotify unavailable (%s); relying on polling", exc)
-            if reader is not None:
-                reader.close()
+        fd = inotify_init()
+        if fd < 0:
+            log.warning("inotify unavailable (%s); relying on polling", os.strerror(ctypes.get_errno()))
             return False
-        self._reader = reader
+        # Never block the loop (it reads only what is there), never leak into children.
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+        os.set_inheritable(fd, False)
+        for folder in self.folders:
+            wd = inotify_add_watch(fd, os.fsencode(folder), MASK)
+            if wd < 0:  # the watch limit, an unsupported filesystem
+                why = os.strerror(ctypes.get_errno())
+                log.warning("inotify unavailable for %s (%s); relying on polling", folder, why)
+                os.close(fd)
+                self._folder_of = {}
+                return False
+            self._folder_of[wd] = str(folder)
+        self._fd = fd
         return True
 
+    def fileno(self) -> int | None:
+        """The descriptor the loop sleeps on beside its waker (readable: events wait)."""
+        return self._fd
+
+    def poll(self) -> bool:
+        """Read and apply every event waiting, without blocking. ``True`` when one brought
+        the loop work by itself: a drop created, finished or renamed into ``incoming/``, a
+        lost watch, or lost events (the queue overflowed: the rescan is the truth). Changes
+        in ``pending/`` are for :meth:`changed`; the claim order tells which matter."""
+        if self._fd is None:
+            return False
+        work = False
+        while True:
+            try:
+                buf = os.read(self._fd, _BUFFER)
+            except BlockingIOError:
+                return work
+            except OSError as exc:
+                log.warning("inotify read failed (%s); relying on polling", exc)
+                self.stop()
+                return True
+            if not buf:
+                return work
+            i = 0
+            while i + _EVENT.size <= len(buf):
+                wd, mask, _cookie, length = _EVENT.unpack_from(buf, i)
+                name = buf[i + _EVENT.size : i + _EVENT.size + length].rstrip(b"\0")
+                i += _EVENT.size + length
+                work |= self._event(wd, mask, name)
+
+    def _event(self, wd: WatchDescriptor, mask: int, raw: bytes) -> bool:
+        if mask & InotifyConstants.IN_Q_OVERFLOW:
+            return True  # events were lost: the loop's rescan is the truth
+        if mask & InotifyConstants.IN_IGNORED:
+            folder = self._folder_of.pop(wd, None)
+            if folder is not None:
+                log.warning("inotify: %s is no longer watched; relying on polling", folder)
+            return True
+        folder = self._folder_of.get(wd)
+        if folder is None or mask & InotifyConstants.IN_ISDIR or not raw or raw.startswith(b"."):
+            # A hidden name is never a drop or a job file: a writer's temp file (a
+            # submitter's, our own job file's before its link), a drop being accepted.
+            # Only its visible end matters (the rename's other half).
+            return False
+        name = os.fsdecode(raw)
+        if folder == self.pending:
+            if name.endswith(".json"):
+                self._changed[name[:-5]] = bool(mask & _APPEARED)
+            return False
+        a = self.arrivals
+        if a is None or folder != a.folder:
+            return False
+        if mask & InotifyConstants.IN_CREATE:
+            a.created(name)
+        elif mask & (InotifyConstants.IN_CLOSE_WRITE | InotifyConstants.IN_MOVED_TO):
+            a.finished(name)
+        elif mask & _LEFT:
+            a.gone(name)  # taken (by us or another acceptor) or withdrawn: no work
+            return False
+        return True
+
+    def changed(self) -> dict[str, bool]:
+        """Job IDs whose ``pending/`` file appeared or went since the last call, each with
+        whether it was there at its last event (a hint: the claim order checks)."""
+        out, self._changed = self._changed, {}
+        return out
+
     def stop(self) -> None:
-        if self._reader is not None:
-            self.stopping = True
-            self._reader.stop()  # closes the inotify descriptor, which ends its thread
-            self._reader.join(timeout=5)
-            self._reader = None
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        for wd in list(self._folder_of):
+            inotify_rm_watch(fd, wd)
+        self._folder_of = {}
+        os.close(fd)

@@ -23,7 +23,6 @@ from spool.disk.tree import Tree
 from spool.queue import accept, status
 from spool.queue.arrivals import Arrivals
 from spool.queue.events import Journal
-from spoold.waker import Waker
 from spoold.watcher import Watcher
 
 # -- 5: a drop named like a reason ----------------------------------------------------------
@@ -146,18 +145,21 @@ def test_hostile_objects_leave_only_regular_files_in_rejected(tree: Tree, cfg: C
 def test_a_file_open_for_writing_is_not_taken_until_closed(tree: Tree, cfg: Config, journal: Journal):
     """The real watcher: inotify says when the writer closed the file."""
     arrivals = Arrivals(tree.incoming, quiet=30.0)
-    watcher = Watcher([tree.incoming], Waker(), tree.pending, arrivals)
+    watcher = Watcher([tree.incoming], tree.pending, arrivals)
     assert watcher.start()
     try:
         data = json.dumps({"name": "half"}).encode()
         with open(tree.incoming / "half.json", "wb") as f:
             f.write(data[:5])
             f.flush()
-            # the watcher has seen it created (and not closed): an event, not a time
-            wait_for(lambda: arrivals.why_waiting("half.json") == "still open for writing", timeout=5)
+            # the watcher has seen it created (and not closed): an event, not a time (inotify
+            # queues an event before the call that caused it returns)
+            assert watcher.poll()
+            assert arrivals.why_waiting("half.json") == "still open for writing"
             assert accept.accept_incoming(tree, cfg, "w1", journal, arrivals=arrivals) == []
             f.write(data[5:])
-        wait_for(lambda: arrivals.ready("half.json", os.lstat(tree.incoming / "half.json")), timeout=5)
+        assert watcher.poll()  # closed after writing
+        assert arrivals.ready("half.json", os.lstat(tree.incoming / "half.json"))
         (out,) = accept.accept_incoming(tree, cfg, "w1", journal, arrivals=arrivals)
         assert isinstance(out, accept.Rejected) and "JSON" not in str(out.error)  # parsed whole
         assert (tree.rejected / "half.json").read_bytes() == data  # whole (it is rejected for its content)
@@ -165,35 +167,23 @@ def test_a_file_open_for_writing_is_not_taken_until_closed(tree: Tree, cfg: Conf
         watcher.stop()
 
 
-class _CountingWaker(Waker):
-    def __init__(self) -> None:
-        super().__init__()
-        self.rings = 0
-
-    def set(self) -> None:
-        self.rings += 1
-        super().set()
-
-
 def test_a_hidden_name_wakes_nothing_only_the_drop_it_becomes_does(tree: Tree):
     """A submitter's temp file (created, written, closed, renamed away) and our own hidden
-    names are never drops: only the visible end of the rename wakes the loop (each wake
-    was a loop step on the drop-to-claim path)."""
-    waker = _CountingWaker()
+    names are never drops: only the visible end of the rename brings the loop work (each
+    wake was a loop step on the drop-to-claim path)."""
     arrivals = Arrivals(tree.incoming, quiet=30.0)
-    watcher = Watcher([tree.incoming, tree.pending], waker, tree.pending, arrivals)
+    watcher = Watcher([tree.incoming, tree.pending], tree.pending, arrivals)
     assert watcher.start()
     try:
         tmp = tree.incoming / ".drop.json.tmp"
         tmp.write_bytes(b'{"name": "drop"}')
         (tree.pending / ".j@1.json.host.1.abcd.tmp").write_bytes(b"{}")
         os.unlink(tree.pending / ".j@1.json.host.1.abcd.tmp")
+        assert not watcher.poll() and watcher.changed() == {}
         os.rename(tmp, tree.incoming / "drop.json")
-        # inotify reports in order: once the rename's visible half woke the loop, every
-        # hidden event before it has been seen too
-        wait_for(lambda: waker.rings >= 1, timeout=5)
-        wait_for(lambda: arrivals.ready("drop.json", os.lstat(tree.incoming / "drop.json")), timeout=5)
-        assert waker.rings == 1
+        assert watcher.poll()
+        assert arrivals.ready("drop.json", os.lstat(tree.incoming / "drop.json"))
+        assert not watcher.poll()  # nothing more
     finally:
         watcher.stop()
 
@@ -263,13 +253,14 @@ def test_two_folders_of_the_same_name_are_both_kept(tree: Tree, cfg: Config, jou
 def test_a_file_hard_linked_in_is_taken_at_once(tree: Tree, cfg: Config, journal: Journal):
     """Maildir's link delivery: the file was finished elsewhere; inotify shows only its creation."""
     arrivals = Arrivals(tree.incoming, quiet=30.0)
-    watcher = Watcher([tree.incoming], Waker(), tree.pending, arrivals)
+    watcher = Watcher([tree.incoming], tree.pending, arrivals)
     assert watcher.start()
     try:
         elsewhere = tree.root / "linked.json"
         elsewhere.write_bytes(b"[]")
         os.link(elsewhere, tree.incoming / "linked.json")
-        wait_for(lambda: accept.accept_incoming(tree, cfg, "w1", journal, arrivals=arrivals), timeout=5)
+        assert watcher.poll()
+        assert accept.accept_incoming(tree, cfg, "w1", journal, arrivals=arrivals)
         assert (tree.rejected / "linked.json").read_bytes() == b"[]"
     finally:
         watcher.stop()
@@ -293,25 +284,61 @@ def test_incoming_is_listed_when_a_drop_arrives_and_on_the_timer_not_at_every_st
         body = json.dumps(minimal(assets, "arrives")).encode()
         (tree.incoming / ".arrives.json.tmp").write_bytes(body)
         os.rename(tree.incoming / ".arrives.json.tmp", tree.incoming / "arrives.json")
-        wait_for(lambda: d._intake_due(t0 + poll / 2), timeout=5)  # once the watcher saw it
+        assert d._take_events()  # the watcher saw it: work
+        assert d._intake_due(t0 + poll / 2)
         d._accept(t0 + poll / 2)
         assert status.locate(tree, "arrives@1") is not None
+        # The loop's own moves (the drop taken, the job file written, the drop kept) are
+        # events too, and bring no work: the loop would sleep now.
+        assert not d._take_events()
         assert not d._intake_due(t0 + poll)  # taken: nothing waits
         body = json.dumps(minimal(assets, "slow")).encode()
         with open(tree.incoming / "slow.json", "wb") as f:  # a writer still at work
             f.write(body[:5])
             f.flush()
-            wait_for(lambda: d._intake_due(t0 + poll), timeout=5)  # its creation seen
+            assert d._take_events()  # its creation seen
+            assert d._intake_due(t0 + poll)
             d._accept(t0 + poll)
             assert status.locate(tree, "slow@1") is None
             assert d._intake_due(t0 + poll) and d._intake_due(t0 + poll)  # seen, unfinished: every step
             f.write(body[5:])
-        wait_for(lambda: d.arrivals.ready("slow.json", os.lstat(tree.incoming / "slow.json")), timeout=5)
+        assert d._take_events()  # closed after writing
+        assert d.arrivals.ready("slow.json", os.lstat(tree.incoming / "slow.json"))
         assert d._intake_due(t0 + poll)
         d._accept(t0 + poll)
         assert status.locate(tree, "slow@1") is not None
         assert not d._intake_due(t0 + poll + poll / 2)
         assert d._intake_due(t0 + 2.5 * poll)  # the timer: what no event here shows
+    finally:
+        d.watcher.stop()
+        d.journal.close()
+
+
+def test_the_loops_own_moves_bring_it_no_work_and_wake_nothing(tree: Tree):
+    """Taking a drop, writing its job file, keeping the drop, claiming the job and
+    publishing it all raise inotify events in the watched folders; the loop reads them
+    itself and none brings it work (before, each rang the loop awake for an empty step)."""
+    from libhelp import allow_noop, noop_sub
+
+    from spoold.daemon import Daemon
+
+    d = Daemon(tree, allow_noop(tree), "probe", hooks=[])
+    assert d.watcher.start()
+    try:
+        (tree.incoming / ".own.json.tmp").write_bytes(noop_sub("own"))
+        os.rename(tree.incoming / ".own.json.tmp", tree.incoming / "own.json")
+        assert d._take_events()  # somebody else's drop: work
+        assert d._accept(time.monotonic()) == 1 and d.index.fresh("own@1")
+        d._fill_slots()
+        assert d.stats["claims"] == 1
+        assert not d._take_events()
+        wait_for(lambda: d._ready, timeout=30)  # its attempt produced; the next step publishes
+        d._fill_slots()
+        assert (tree.complete / "own@1.json").is_file()
+        assert not d._take_events()
+        # A job another process accepted into pending/ is work: its name was not indexed.
+        accept.accept_bytes(tree, d.cfg, noop_sub("theirs"), "another acceptor")
+        assert d._take_events() and list(d.index.ordered()) == ["theirs@1"]
     finally:
         d.watcher.stop()
         d.journal.close()

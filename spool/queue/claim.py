@@ -239,16 +239,26 @@ class PendingIndex:
         self._keys[jid] = loaded.key
         return loaded.key
 
-    def note(self, jid: str) -> None:
-        """Apply one watcher event about ``pending/<jid>.json`` without a rescan."""
-        present = self.tree.job_file("pending", jid).exists()
-        if not present:
+    def note(self, jid: str, present: bool | None = None) -> bool:
+        """Apply one watcher event about ``pending/<jid>.json`` without a rescan; ``True``
+        if the order gained a job by it. ``present``: whether the file was there at the
+        event, a hint that spares a look where the index already agrees (most events are
+        the daemon's own: a job it accepted is indexed, one it claimed is gone)."""
+        if present is True and jid in self._keys:
+            return False
+        if present is False and jid not in self._keys and jid not in self._unread_set:
+            return False
+        if not self.tree.job_file("pending", jid).exists():
             self.discard(jid)
-        elif jid not in self._keys:
-            self._unread_set.add(jid)
-            key = self._merge(jid, self._load(jid))
-            if key is not None:
-                bisect.insort(self._sorted, key)
+            return False
+        if jid in self._keys:
+            return False
+        self._unread_set.add(jid)
+        key = self._merge(jid, self._load(jid))
+        if key is None:
+            return bool(self._damaged)  # a damaged name: the loop quarantines it
+        bisect.insort(self._sorted, key)
+        return True
 
     def note_accepted(self, jid: str, data: bytes) -> None:
         """A job this process has just accepted, indexed from the bytes it wrote (no
