@@ -221,6 +221,11 @@ CASES: list[Case] = [
         ('"\\ud800"',),
         lambda c: json.dumps({**c.mini(), "\ud800": 1}).encode(),
     ),
+    Case(  # an upper-case escape, as other JSON writers spell it
+        "surrogate_upper_case_escape",
+        ("submission", "sources.clip"),
+        lambda c: json.dumps(c.mini(sources={"clip": "\udc00.mp4"})).replace("\\udc00", "\\uDC00").encode(),
+    ),
     Case(
         "surrogate_in_source_path",
         ("submission", "sources.clip"),

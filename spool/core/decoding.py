@@ -20,6 +20,7 @@ T = TypeVar("T")
 
 _AT = re.compile(r"^(?P<msg>.*?)(?: - at (?P<key>`key` in )?`\$(?P<path>[^`]*)`)?$", re.S)
 _PLAIN_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _SEGMENT = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]|\[(?:'|\")([^'\"]*)(?:'|\")\]")
 
 
@@ -59,7 +60,9 @@ def parse_json(data: bytes, what: str = "submission") -> Any:
         raise InvalidInput(what, msg) from None
     except RecursionError:
         raise InvalidInput(what, "is nested too deeply") from None
-    bad = _unpaired_surrogate(value, "")
+    # A lone surrogate can only come from a \u escape (the bytes were valid UTF-8): look
+    # for one only when the text has a \uD800-\uDFFF escape at all (most never do).
+    bad = _unpaired_surrogate(value, "") if _SURROGATE_ESCAPE.search(text) else None
     if bad is not None:
         raise InvalidInput(
             bad or what, "contains an unpaired surrogate escape (such as \\ud800), which is not text"
