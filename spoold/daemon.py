@@ -315,8 +315,11 @@ class Daemon:
             if self.index.backlog or (now >= self._next_scan and self.index.listing_due(now)):
                 self.index.refresh()  # the truth, on a timer: inotify misses other hosts
                 self._next_scan = now + self.cfg.daemon.poll_interval
-            self._settle(now)
             self._fill_slots()
+            # Dependents after the claims (a listing of deps/ off the drop-to-claim path);
+            # those released to pending/ are claimed in this same step.
+            if self._settle(now):
+                self._fill_slots()
             if self.drain and self._drained():
                 log.info("drained: nothing pending, running or arriving")
                 return False
@@ -401,6 +404,8 @@ class Daemon:
             return 0
         # Listed and taken: the next listing is due on the timer, or at once if the batch was full.
         self._next_intake = now + self.cfg.daemon.poll_interval if len(outcomes) < INTAKE_BATCH else 0.0
+        if outcomes:
+            groupcommit.commit_riders_soon()  # the lines just told, durable while the claims are made
         for o in outcomes:
             if isinstance(o, accept.Rejected):
                 log.warning("rejected %s: %s", o.path.name, o.error)
@@ -414,21 +419,25 @@ class Daemon:
         return len(outcomes)
 
     def _note_change(self, ev: Event) -> None:
-        """A journal line of this daemon (any thread): its job's dependents may move on."""
+        """A journal line of this daemon (any thread): its job's dependents may move on.
+        Not a claim's: from pending/ to running/ the job stays in flight, which changes
+        nothing for its dependents (a listing of deps/ a job fewer, a round trip on a NAS)."""
+        if ev.to == "running" and ev.from_ == "pending":
+            return
         with self._changed_lock:
             self._changed.add(ev.job)
         if ev.to in ("complete", "failed"):
             self.wake.set()
 
-    def _settle(self, now: float) -> None:
+    def _settle(self, now: float) -> bool:
         """Dependents (spool.queue.depends) of the jobs this daemon published, failed or accepted
         move on, one batch per iteration; every ``depends.SWEEP`` s all of them are looked at
-        (a publish on another host, a recovery by the CLI)."""
+        (a publish on another host, a recovery by the CLI). ``True`` if some went to pending/."""
         with self._changed_lock:
             changed, self._changed = self._changed, set()
         sweep = now >= self._next_sweep
         if not changed and not sweep:
-            return
+            return False
         if sweep:
             self._next_sweep = now + depends.SWEEP
         try:
@@ -443,7 +452,7 @@ class Daemon:
             log.exception("settling dependents failed; trying again")
             with self._changed_lock:
                 self._changed |= changed
-            return
+            return False
         for jid in done.pending:
             self.index.note(jid)
         if done:
@@ -451,6 +460,7 @@ class Daemon:
                 "dependents: %d to pending, %d held, %d waiting again",
                 len(done.pending), len(done.held), len(done.waiting),
             )  # fmt: skip
+        return bool(done.pending)
 
     def _quarantine_damaged(self) -> None:
         """Files in ``pending/`` that can never be claimed leave the queue at once

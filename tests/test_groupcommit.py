@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_cli
+from conftest import run_cli, wait_for
 from libhelp import allow_noop, noop_sub, tags_for
 
 from spool.disk import groupcommit
@@ -337,6 +337,44 @@ def test_a_batch_commits_the_journal_when_it_ends_beside_its_first_folders(tree:
     j.record("b@1", "pending")
     fsync_dir(tree.pending)
     assert j.fsyncs == 2
+
+
+def test_lines_committed_soon_are_durable_before_the_next_batch_which_then_fsyncs_no_journal(tree: Tree):
+    """commit_riders_soon: the journal's fsync starts on a helper thread at once; the next
+    batch's end finds the lines durable (or shares the fsync in flight) and fsyncs the
+    journal no second time. Lines written after it are still the batch's to commit."""
+    j = Journal(tree, "w1")
+    j.record("a@1", "pending", reason="told of an acceptance batch")
+    real_fsync = os.fsync
+    released = threading.Event()
+    journal_fsyncs: list[str] = []
+
+    def held_fsync(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("w1.jsonl"):
+            journal_fsyncs.append(threading.current_thread().name)
+            assert released.wait(5)
+        real_fsync(fd)
+
+    os.fsync = held_fsync  # type: ignore[assignment]
+    try:
+        groupcommit.commit_riders_soon()
+        # The fsync is in flight on a helper (held here), and the caller went on.
+        wait_for(lambda: len(journal_fsyncs) == 1, timeout=5)
+        assert journal_fsyncs[0].startswith("fsync") and j.fsyncs == 0
+        released.set()
+        with together(at_once=True):
+            (tree.pending / "x").touch()
+            fsync_dir(tree.pending)
+            (tree.complete / "y").touch()
+            fsync_dir(tree.complete)
+        assert j.fsyncs == 1 and len(journal_fsyncs) == 1  # shared, not done again
+        j.record("b@1", "running", reason="told after the early commit")
+        with together(at_once=True):
+            (tree.pending / "z").touch()
+            fsync_dir(tree.pending)
+        assert j.fsyncs == 2  # a line written since is the batch's
+    finally:
+        os.fsync = real_fsync  # type: ignore[assignment]
 
 
 def test_only_an_explicit_act_routes_folder_fsyncs_never_an_import() -> None:

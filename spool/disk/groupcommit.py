@@ -255,6 +255,25 @@ def together(*, at_once: bool = False, threads: int = 0) -> Iterator[None]:
                 raise
 
 
+def commit_riders_soon() -> None:
+    """Start making the riders' lines (the journals) durable now, on a helper thread, and
+    return at once. For lines just told of a batch: the next batch's first round then
+    finds them durable, or waits for this fsync and shares it (a journal's commits
+    share), instead of starting its own there; the wait overlaps the work between the
+    two batches (a claim after an acceptance: ~1 ms a drop-to-claim on ext4, where a
+    file's fsync costs ~4 folder fsyncs). The promise is unchanged: lines are durable no
+    later than the writer's next folder fsync. An error is left for that commit to raise."""
+    if riding():
+        _helpers().submit(_commit_riders_quietly)
+
+
+def _commit_riders_quietly() -> None:
+    try:
+        commit_riders()
+    except OSError:
+        pass  # the lines stay not durable: the next commit (a batch's, a heartbeat's) raises
+
+
 def rounds(deps: dict[str, set[str]]) -> list[list[str]]:
     """Folders in rounds, each after every folder it must follow (pure; a cycle, which
     no caller makes, falls back to the order first asked, one folder a round)."""
