@@ -342,3 +342,26 @@ def test_the_loops_own_moves_bring_it_no_work_and_wake_nothing(tree: Tree):
     finally:
         d.watcher.stop()
         d.journal.close()
+
+
+def test_the_loop_sleeps_on_inotify_beside_its_waker_and_leaves_the_events_to_the_watcher(tree: Tree):
+    """The loop's one wait ends on a ring or on inotify; it consumes the rings only: the
+    events stay for the watcher, which reads them all (the next wait sleeps again)."""
+    from spoold.waker import Waker
+
+    waker = Waker()
+    watcher = Watcher([tree.incoming], tree.pending)
+    assert watcher.start()
+    fd = watcher.fileno()
+    assert fd is not None
+    try:
+        assert not waker.wait(0.01, also=(fd,))  # nothing: the timeout
+        (tree.incoming / "x.json").write_bytes(b"{}")
+        assert waker.wait(5, also=(fd,)) and waker.wait(0, also=(fd,))  # not consumed by waiting
+        watcher.poll()
+        assert not waker.wait(0.01, also=(fd,))  # read: asleep again
+        waker.set()
+        assert waker.wait(5, also=(fd,)) and not waker.wait(0.01, also=(fd,))  # a ring, consumed
+    finally:
+        watcher.stop()
+        waker.close()
