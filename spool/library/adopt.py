@@ -464,9 +464,11 @@ class Adoption:
         """Run a claimed adopt job; a retryable failure (a probe or decode check cut short
         on a loaded host) is run again after its backoff, as a daemon would, until it
         publishes, fails for good or the retry policy gives up: the command finishes what
-        it can instead of leaving the job pending for the next run."""
+        it can instead of leaving the job pending for the next run. A job still in its
+        backoff (``early``: given back untouched, such as one a killed run left and this
+        run's recovery returned with a delay) is run once its backoff is over, the same way."""
         outcome = execute.execute(self.ctx, jid)
-        while outcome == "retry" and not self.ctx.stop.is_set():
+        while outcome in ("retry", "early") and not self.ctx.stop.is_set():
             at = retry.not_before(self.tree, jid)
             if at is not None and self.ctx.stop.wait(max(0.0, at - time.time())):
                 break
