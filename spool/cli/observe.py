@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import stat
 import sys
 import time
@@ -63,6 +64,7 @@ def watch(
     """`spool status`, redrawn live from the filesystem until Ctrl-C."""
     tree, cfg = open_spool(spool, False)
     console = Console(highlight=False)
+    _ctrl_c_stops()
     try:
         with Live(console=console, screen=console.is_terminal, auto_refresh=False) as live:
             while True:
@@ -161,6 +163,13 @@ def logs(
 FOLLOW_EVERY = 0.25
 
 
+def _ctrl_c_stops() -> None:
+    """A command that runs until Ctrl-C: make sure SIGINT reaches it, even when it was
+    started ignoring or blocking it (a script's background job inherits SIGINT ignored)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def _reader_gone() -> bool:
     """Whether stdout is a pipe whose reader has exited (``| grep -m1`` is done)."""
     try:
@@ -215,6 +224,8 @@ def events(
         sys.stdout.flush()
 
     follower = eventlog.Follower(tree, job)
+    if follow or stop:
+        _ctrl_c_stops()
     try:
         past = follower.poll()
         emit(past if lines is None else past[-lines:] if lines else [])
