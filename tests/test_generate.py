@@ -482,6 +482,40 @@ def test_spool_recover_of_a_dead_workers_generation_never_creates_twice(gtree, s
     assert first.provider_job_id == last.provider_job_id
 
 
+@pytest.mark.parametrize("point", ["after_gen_create_logged", "after_gen_create"])
+def test_an_attempt_killed_before_it_began_never_orphans_the_create_before_it(tree, sim, daemons, point):
+    # Attempt 1 dies with its create logged (sent or not: its fate unknown) or made
+    # (only the create log knows the provider job); attempt 2 dies right after its
+    # folder was opened, before its generation began. Attempt 3 must carry attempt 1's
+    # create on, not send a new one beside a provider job nobody watches.
+    settings.write(tree.config_file, {"recovery": {"backoff": 0.2}})
+    with open(tree.config_file, "a") as f:
+        f.write(provider_table(sim).replace("deadline = 30", "deadline = 120"))
+    prompt = f"killed twice at {point}"
+    jid = submit(tree, gen_sub(f"gen-twice-{point.replace('_', '-')}", prompt))
+    for n, (who, crash) in enumerate([("w1", point), ("w2", "after_attempt_dir")], start=1):
+        d = daemons(tree, who, env={**ENV, "SPOOL_CRASH_AT": crash})
+        assert d.wait(timeout=60) == -9, d.output()[-3000:]
+        assert tree.attempt_numbers(jid) == list(range(1, n + 1))
+        assert run_cli("recover", spool=tree).returncode == 0
+        wait_for(lambda: tree.job_file("pending", jid).exists(), timeout=10)
+    assert gen_view(tree, jid, 2).state is None  # attempt 2 never began
+    d3 = daemons(tree, "w3", drain=True, env=ENV)
+    assert d3.wait(timeout=90) == 0, d3.output()[-3000:]
+    assert state_files(tree)["complete"] == [f"{jid}.json"]
+    assert creates(sim, prompt) == 1
+    assert read(tree.manifest_file(jid), Manifest).attempt == 3
+    carried = gen_view(tree, jid, 3)
+    if point == "after_gen_create":  # the provider job attempt 1 made, downloaded by attempt 3
+        got = carried.records["generating"]
+        assert got.how == "inherited" and got.inherited_from == 1
+        assert got.provider_job_id == gen_view(tree, jid, 1).creates[-1].outcome.provider_job_id
+    else:  # the create of unknown fate, settled by attempt 3 (a listing: nothing made), then sent
+        assert any("(sent by attempt 1)" in c.request.request for c in carried.creates)
+    r = run_cli("fsck", "--json", spool=tree)
+    assert r.returncode == 0 and json.loads(r.stdout)["problems"] == [], r.stdout
+
+
 def test_generations_in_flight_never_exceed_the_providers_allowance(tree, sim, daemons):
     with open(tree.config_file, "a") as f:
         f.write(provider_table(sim).replace("in_flight = 4", "in_flight = 2"))

@@ -201,9 +201,9 @@ class Generate(Kind[GenerateJob]):
     def retry_cost(self, tree: Tree, job: GenerateJob) -> str | None:
         """A retry sends a new create request (it may cost) unless the last attempt kept a
         paid result (then the retry downloads it again) or left a provider job in flight."""
-        nums = tree.attempt_numbers(job.job_id)
-        if nums:
-            view = states.read(states.gen_dir(tree.attempt_dir(job.job_id, nums[-1])))
+        found = states.last_begun(tree, job.job_id)
+        if found is not None:
+            view = found[1]
             rec = view.record
             if rec is not None and rec.provider_job_id and (view.state != "failed" or rec.result == "kept"):
                 return None

@@ -345,21 +345,23 @@ class Runner:
     def _inheritable(
         self, ctx: Context, job: GenerateJob, attempt: Attempt, policy: workflow.Policy
     ) -> workflow.Inherit | None:
-        """What the previous attempt leaves this one: its provider job if it was in flight
-        (its worker died) or its paid result was kept (a re-download, never a new create);
-        its create log if a create of it may have made a job nobody identified yet."""
+        """What the last attempt that began leaves this one: its provider job if it was in
+        flight (its worker died) or its paid result was kept (a re-download, never a new
+        create); its create log if a create of it may have made a job nobody identified
+        yet. An attempt killed before it began is passed over (it sent nothing)."""
         if attempt.n < 2:
             return None
-        prev = states.read(states.gen_dir(ctx.tree.attempt_dir(job.job_id, attempt.n - 1)), full=True)
-        rec = prev.record
-        if prev.state is None or rec is None:
+        found = states.last_begun(ctx.tree, job.job_id, before=attempt.n)
+        if found is None:
             return None
+        frm, prev = found
+        rec = prev.record
+        assert rec is not None
         t = time.time()
         fresh = msgspec.structs.replace(
             rec.intent, key=key_of(job.job_id, attempt.n), attempt=attempt.n, intent_at=t,
             deadline_at=t + policy.deadline,
         )  # fmt: skip
-        frm = attempt.n - 1
         if prev.state == "failed":
             if rec.result == "kept" and rec.provider_job_id:
                 return workflow.Inherit(frm, fresh, rec.provider_job_id)

@@ -70,7 +70,7 @@ import msgspec
 
 from spool.core.errors import SpoolError
 from spool.core.model import Record, canonical_json, decode, encode, now
-from spool.disk.tree import VANISHED, fsync_dir, link_no_replace, make_dirs, read_retrying, write_atomic
+from spool.disk.tree import VANISHED, Tree, fsync_dir, link_no_replace, make_dirs, read_retrying, write_atomic
 
 GenState = Literal["submitted", "generating", "retrieving", "stored", "indexed", "failed"]
 #: The states in order; the ordinal prefixes file names so ``ls`` sorts them.
@@ -313,6 +313,21 @@ def known_since(job_id: str) -> float | None:
 
 def gen_dir(attempt_dir: Path) -> Path:
     return Path(attempt_dir) / "gen"
+
+
+def last_begun(tree: Tree, job_id: str, before: int | None = None) -> tuple[int, View] | None:
+    """The latest attempt of the job (below ``before``) whose generation began, with its
+    full view; ``None`` if none did. An attempt that never began sent nothing (the intent
+    is durable before any create), so the one before it is what a new attempt carries
+    on: a worker killed between opening an attempt and beginning it must not orphan an
+    earlier attempt's provider job or its create of unknown fate."""
+    for n in reversed(tree.attempt_numbers(job_id)):
+        if before is not None and n >= before:
+            continue
+        view = read(gen_dir(tree.attempt_dir(job_id, n)), full=True)
+        if view.state is not None and view.record is not None:
+            return n, view
+    return None
 
 
 def record_name(state: str) -> str:
