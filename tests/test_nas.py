@@ -175,6 +175,35 @@ def test_multimount_is_idempotent_and_down_leaves_nothing(nas, tmp_path):
 # -- spool doctor on the network mount ----------------------------------------------------
 
 
+def test_a_folder_fsync_over_sshfs_is_skipped_and_a_local_one_is_real(nas, tmp_path, monkeypatch):
+    # SFTP cannot sync a folder: over sshfs the fsync is answered in the kernel, and the
+    # open and close around it are two round trips. Only the first call opens the folder
+    # (to learn its filesystem); the local folder is fsynced every time.
+    remote, local = nas.a / "fsync-probe", tmp_path / "fsync-probe"
+    remote.mkdir()
+    local.mkdir()
+    opened: list[str] = []
+    synced: list[str] = []
+    real_open, real_fsync = os.open, os.fsync
+
+    def counting_open(path, flags, *a, **kw):
+        if flags & os.O_DIRECTORY:
+            opened.append(os.fspath(path))
+        return real_open(path, flags, *a, **kw)
+
+    def counting_fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "open", counting_open)
+    monkeypatch.setattr(os, "fsync", counting_fsync)
+    for _ in range(3):
+        durable.fsync_folder_now(remote)
+        durable.fsync_folder_now(local)
+    assert synced == [str(local)] * 3
+    assert opened.count(str(remote)) == 1 and opened.count(str(local)) == 3
+
+
 def test_doctor_on_the_network_mount_with_a_peer(nas):
     server, a, b = nas.spool("doctor")
     proc = run_cli("doctor", "--peer", str(b.root), "--json", spool=a)

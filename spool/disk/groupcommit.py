@@ -37,19 +37,10 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 from spool.core.faults import armed, crashpoint
-from spool.disk.tree import commit_riders, riding, route_folder_fsyncs
+from spool.disk.tree import commit_riders, fsync_folder_now, riding, route_folder_fsyncs
 
 #: How long a leader waits, at most, for other threads' requests on its folder (seconds).
 WINDOW = 0.002
-
-
-def fsync_folder_now(folder: str) -> None:
-    """One real ``fsync(2)`` of a folder (its entries: new names, renames, removals)."""
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class _Folder:
