@@ -120,6 +120,23 @@ def test_a_dependent_waits_visibly_then_renders_from_the_upstreams_exact_bytes(t
     assert [p for p in fsck.check(tree, repair=False) if p.open] == []
 
 
+def test_the_folders_a_change_concerns_are_listed_again_only_when_deps_changed(tree, monkeypatch):
+    # The daemon asks after nearly every step; deps/ is listed again only when it changed
+    # (a stat otherwise), and a ref folder another process makes is seen at the next ask.
+    tree.deps.mkdir(exist_ok=True)
+    listed: list[str] = []
+    real = depends.os.listdir
+    monkeypatch.setattr(depends.os, "listdir", lambda p: listed.append(str(p)) or real(p))
+    assert depends.affected(tree, ["mug@1"]) == set()
+    assert depends.affected(tree, ["mug@1", "logo@2"]) == set()
+    assert listed == [str(tree.deps)]  # once: nothing changed in between
+    (tree.deps / "mug").mkdir()  # another process's dependent of "mug"
+    (tree.deps / "mug@1").mkdir()
+    assert depends.affected(tree, ["mug@2"]) == {"mug", "mug@1"}
+    assert depends.affected(tree, ["logo@1"]) == set()
+    assert listed == [str(tree.deps)] * 2
+
+
 def test_the_recipe_hash_names_the_upstream_object(tree, cfg, assets):
     publish(tree, cfg, upstream(assets))
     jid = accept_sub(tree, cfg, dependent("cut", {"job": "master@1"}))

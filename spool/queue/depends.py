@@ -279,6 +279,7 @@ def write_entries(tree: Tree, job: Job) -> None:
         folder = tree.deps / _entry_folder(up)
         if not folder.is_dir():
             make_dirs(folder)
+            _ref_listing.pop(os.fspath(tree.deps), None)  # this process's own change: list again
         entry = folder / job.job_id
         if not entry.exists():
             with open(entry, "xb"):
@@ -299,6 +300,34 @@ def ref_folders(tree: Tree) -> list[str]:
         return sorted(n for n in os.listdir(tree.deps) if n[0] not in "._")
     except FileNotFoundError:
         return []
+
+
+#: deps/ -> (its signature when listed, its ref folders): see :func:`_ref_folders_known`.
+_ref_listing: dict[str, tuple[tuple[int, int, int, int], list[str]]] = {}
+
+
+def _ref_folders_known(tree: Tree) -> list[str]:
+    """:func:`ref_folders`, listed again only when ``deps/`` changed: a new ref folder
+    changes the folder's times and (on most filesystems) its link count. The daemon asks
+    at nearly every step, and most answers are the same; a stat instead of a listing (on
+    a NAS usually no round trip, from the attribute cache, where a listing is four).
+    What this can miss, another host's new ref folder within the timestamp's granularity
+    (or a NAS client's attribute cache, ~1 s), waits for the sweep (:data:`SWEEP`); this
+    process's own new ref folders drop the entry (:func:`write_entries`)."""
+    key = os.fspath(tree.deps)
+    try:
+        st = os.stat(key)  # before the listing: a change in between is seen next time
+    except FileNotFoundError:
+        return []
+    sig = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink)
+    got = _ref_listing.get(key)
+    if got is not None and got[0] == sig:
+        return got[1]
+    names = ref_folders(tree)
+    if len(_ref_listing) >= 64:
+        _ref_listing.clear()
+    _ref_listing[key] = (sig, names)
+    return names
 
 
 # -- judging a dependent --------------------------------------------------------------------
@@ -456,7 +485,7 @@ def affected(tree: Tree, names: Iterable[str]) -> set[str]:
     wanted = {n.rpartition("@")[0] if "@" in n else n for n in names}
     if not wanted:
         return out
-    for ref in ref_folders(tree):  # a name's folder, and those of its pinned revisions (superseded)
+    for ref in _ref_folders_known(tree):  # a name's folder, and its pinned revisions' (superseded)
         if ref.partition("@")[0] in wanted:
             out.add(ref)
     return out
