@@ -47,8 +47,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +89,10 @@ class Run:
         self.crash_points: Counter[str] = Counter()
         self.details: dict[str, list[str]] = {}
         self.lines_lost_max = 0
+        #: The rounds in which LazyFS is killed during the checks (``--lazyfs-deaths``).
+        #: Its own generator, so that a seed runs the same rounds with or without them.
+        self.death_rng = random.Random(f"lazyfs-deaths-{args.seed}")
+        self.deaths = set(self.death_rng.sample(range(args.cuts), min(args.lazyfs_deaths, args.cuts)))
 
     def note(self, what: str, detail: str) -> None:
         self.f[what] += 1
@@ -129,8 +135,64 @@ class Run:
         else:
             time.sleep(self.rng.uniform(0.05, self.args.max_gap))
         self._cut(submitters, drops)
+        self._checked(self._check_round, dies=k in self.deaths)
+
+    def _check_round(self) -> None:
         self._after_cut()
         self._drain_and_check()
+
+    def _checked(self, phase: Callable[[], None], *, dies: bool = False) -> None:
+        """Run a phase of checks; if LazyFS exits under it (upstream has been seen to die
+        under load: a segfault in libc, then ENOTCONN for everything on the mount), what
+        the phase found is not spool's doing. Its findings are dropped, the death is a
+        power cut like the others (daemons killed, a fresh mount, names lost), and the
+        phase runs again from the start, so a real finding is found again. ``dies``:
+        LazyFS is killed at a random moment of the phase's first go (``--lazyfs-deaths``),
+        so that this path is run, not only hoped for."""
+        for _ in range(3):
+            found = {k: self.f[k] for k in PROMISES}
+            details = {k: list(v) for k, v in self.details.items()}
+            killer = self._kill_lazyfs_soon() if dies else None
+            dies = False
+            try:
+                phase()
+            except OSError:
+                if self._lazyfs_exited():
+                    pass  # ENOTCONN from a dead mount: handled below
+                else:
+                    raise
+            finally:
+                if killer is not None:
+                    killer.cancel()
+            if not self._lazyfs_exited():
+                return
+            self.f["findings_dropped_lazyfs_died"] += sum(self.f[k] - v for k, v in found.items())
+            for k, v in found.items():
+                self.f[k] = v
+            self.details = details
+            self.f["lazyfs_died"] += 1
+            self._kill_all([w.proc for w in self.workers])
+            self.lazy.restart()
+            if not self.args.keep_names:
+                self._lose_names()
+        raise RuntimeError("LazyFS died under the same checks three times in a row: nothing to conclude")
+
+    def _lazyfs_exited(self) -> bool:
+        """LazyFS is gone (not hung: a hung one is found by its callers' waits)."""
+        return self.lazy.proc is None or self.lazy.proc.poll() is not None
+
+    def _kill_lazyfs_soon(self) -> threading.Timer:
+        proc = self.lazy.proc
+        assert proc is not None
+
+        def kill() -> None:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+        t = threading.Timer(self.death_rng.uniform(0.2, 2.0), kill)
+        t.daemon = True
+        t.start()
+        return t
 
     def _submit(
         self, k: int, batch: list[tuple[str, dict[str, object]]]
@@ -147,14 +209,19 @@ class Run:
             name = f"{jid.split('@')[0]}.json"
             tmp = self.spool / "incoming" / f".{name}.tmp"
             synced = self.rng.random() < 0.8
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                os.write(fd, json.dumps(sub).encode())
-                if synced:
-                    os.fsync(fd)  # a careful submitter; the others may lose their drop in a cut
-            finally:
-                os.close(fd)
-            os.rename(tmp, self.spool / "incoming" / name)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                try:
+                    os.write(fd, json.dumps(sub).encode())
+                    if synced:
+                        os.fsync(fd)  # a careful submitter; the others may lose their drop in a cut
+                finally:
+                    os.close(fd)
+                os.rename(tmp, self.spool / "incoming" / name)
+            except OSError:
+                if not self._lazyfs_exited():
+                    raise
+                continue  # LazyFS died before the cut (which counts it): a drop never made
             if not synced:
                 self.unsynced_drops.add(jid)
             drops[name] = jid
@@ -355,6 +422,8 @@ class Run:
                 w.start(drain=True)
             deadline = time.monotonic() + self.args.timeout
             while any(w.alive() for w in self.workers) and time.monotonic() < deadline:
+                if self._lazyfs_exited():
+                    return  # a dead mount: the round's checks start again on a fresh one
                 time.sleep(0.1)
             if not any(w.alive() for w in self.workers):
                 break
@@ -522,7 +591,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         per = -(-len(subs) // args.cuts) if subs else 0
         for k in range(args.cuts):
             r.round(k, subs[k * per : (k + 1) * per])
-        r.finish()
+        r._checked(r.finish)
         figures = _figures(r, time.monotonic() - started)
         if sim is not None:
             figures |= torture._generation_figures(r.spool, r.gen_ids, sim)
@@ -576,6 +645,8 @@ def _figures(r: Run, wall: float) -> dict[str, Any]:
         "cuts": r.f["cuts"],
         "lazyfs_died": r.f["lazyfs_died"],
         "lazyfs_hung": r.f["lazyfs_hung"],
+        "lazyfs_deaths_induced": len(r.deaths),
+        "findings_dropped_lazyfs_died": r.f["findings_dropped_lazyfs_died"],
         "crash_points_hit": dict(sorted(r.crash_points.items())),
         "daemon_lives": sum(w.lives for w in r.workers),
         "drops_rejected": r.f["drops_rejected"],
@@ -617,6 +688,12 @@ def main() -> int:
         action="store_true",
         help="do not also lose the names format 2 never fsyncs the folder of (see Run._lose_names)",
     )
+    ap.add_argument(
+        "--lazyfs-deaths",
+        type=int,
+        default=0,
+        help="rounds in which LazyFS is killed during the checks (the harness must survive it)",
+    )
     ap.add_argument("--keep", help="build everything here and keep it")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -638,7 +715,9 @@ def main() -> int:
         print(
             f"jobs={f['jobs']} acknowledged={f['acknowledged']} complete={f['complete']} "
             f"failed={f['failed']} "
-            f"cuts={f['cuts']} (lazyfs died {f['lazyfs_died']}, hung {f['lazyfs_hung']}, crash points "
+            f"cuts={f['cuts']} (lazyfs died {f['lazyfs_died']} ({f['lazyfs_deaths_induced']} induced, "
+            f"{f['findings_dropped_lazyfs_died']} findings dropped with it), "
+            f"hung {f['lazyfs_hung']}, crash points "
             f"{sum(f['crash_points_hit'].values())}) daemon_lives={f['daemon_lives']}{gen} | "
             f"acknowledged_lost={f['acknowledged_lost']} double_published={f['double_published']} "
             f"partial={f['partial_at_final']} complete_without_attempt_record="
