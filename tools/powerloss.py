@@ -164,6 +164,7 @@ class Run:
             finally:
                 if killer is not None:
                     killer.cancel()
+                    killer.function()  # a phase quicker than the timer: LazyFS dies at its end
             if not self._lazyfs_exited():
                 return
             self.f["findings_dropped_lazyfs_died"] += sum(self.f[k] - v for k, v in found.items())
@@ -188,6 +189,7 @@ class Run:
         def kill() -> None:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
         t = threading.Timer(self.death_rng.uniform(0.2, 2.0), kill)
         t.daemon = True
