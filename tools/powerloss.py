@@ -1,7 +1,7 @@
 """The power-loss run: the torture run on a LazyFS mount, where a kill is a power cut.
 
     tools/powerloss [--jobs N] [--cuts K] [--generate G] [--workers W] [--seed S]
-                    [--keep-names] [--keep DIR] [--json]
+                    [--keep-names] [--lazyfs-deaths D] [--keep DIR] [--json]
 
 SIGKILL leaves the page cache intact; a machine that loses power does not.
 Here the spool lives on a LazyFS mount (tools/lazyfs.py) and each of the K
@@ -12,8 +12,11 @@ start the daemons (some lives with a ``SPOOL_CRASH_AT`` crash point); then, at
 a random moment or the moment a daemon dies at its crash point, cut the power:
 SIGKILL every spool process (daemons, FFmpeg, submitters) and drop every write
 LazyFS holds that was not fsynced, then mount afresh (a LazyFS that died under
-load is mounted again the same way). LazyFS loses file data only (a name
-goes through at once), so the run then takes away, at random, the names a
+load is mounted again the same way; one that dies under a round's checks voids
+that round's findings, is a power cut all the same (counted as lazyfs died), and
+the round is checked again; ``--lazyfs-deaths D`` kills it so in D rounds).
+LazyFS loses file data only (a name goes through at once), so the run then
+takes away, at random, the names a
 real filesystem may lose that spool never fsyncs the folder of (format 2: a
 slot job's attempt folder and frozen copy in ``attempts/J/``; ``--keep-names``
 leaves them).
