@@ -160,10 +160,8 @@ class Run:
             try:
                 phase()
             except OSError:
-                if self._lazyfs_exited():
-                    pass  # ENOTCONN from a dead mount: handled below
-                else:
-                    raise
+                if not self._lazyfs_exited():
+                    raise  # ENOTCONN from a dead mount is handled below; anything else is not
             finally:
                 if killer is not None:
                     killer.cancel()

@@ -254,23 +254,30 @@ def fs_type(path: Path) -> str:
     ``, no journal`` for an ext3/ext4 made without one (this VM's own disk): its fsyncs cost
     about half a journalled ext4's and two daemons gain less over one there, so every
     figure on it reads differently (docs/benchmarks.md has both side by side)."""
-    best, kind, dev = "", "?", ""
+    best, kind = "", "?"
     real = str(path.resolve())
     with open("/proc/mounts") as f:
         for line in f:
             parts = line.split()
             mnt, typ = parts[1], parts[2]
             if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
-                best, kind, dev = mnt, typ, parts[0]
-    if kind in ("ext3", "ext4") and dev.startswith("/dev/"):
-        name = os.path.basename(os.path.realpath(dev))  # jbd2 names a journal <device>-<inode>
-        try:
-            journals = os.listdir("/proc/fs/jbd2")
-        except FileNotFoundError:
-            journals = []
-        if not any(j.startswith(name + "-") for j in journals):
-            kind += ", no journal"
+                best, kind = mnt, typ
+    if kind in ("ext3", "ext4") and _block_device_name(path) is not None:
+        journals = os.listdir("/proc/fs/jbd2") if os.path.isdir("/proc/fs/jbd2") else []
+        if not any(j.startswith(f"{_block_device_name(path)}-") for j in journals):
+            kind += ", no journal"  # jbd2 lists each journal as <device>-<inode>
     return kind
+
+
+def _block_device_name(path: Path) -> str | None:
+    """The kernel's name of the block device ``path`` is on (``vda``, ``loop0``), from sysfs
+    (``/proc/mounts`` may say ``/dev/root``), or ``None`` when sysfs does not say."""
+    dev = os.stat(path).st_dev
+    try:
+        uevent = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/uevent").read_text()
+    except OSError:
+        return None
+    return next((ln.split("=", 1)[1] for ln in uevent.splitlines() if ln.startswith("DEVNAME=")), None)
 
 
 @contextlib.contextmanager
