@@ -262,18 +262,19 @@ def fs_type(path: Path) -> str:
             mnt, typ = parts[1], parts[2]
             if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
                 best, kind = mnt, typ
-    if kind in ("ext3", "ext4") and _block_device_name(path) is not None:
+    device = _block_device_name(best) if kind in ("ext3", "ext4") else None
+    if device is not None:
         journals = os.listdir("/proc/fs/jbd2") if os.path.isdir("/proc/fs/jbd2") else []
-        if not any(j.startswith(f"{_block_device_name(path)}-") for j in journals):
+        if not any(j.startswith(f"{device}-") for j in journals):
             kind += ", no journal"  # jbd2 lists each journal as <device>-<inode>
     return kind
 
 
-def _block_device_name(path: Path) -> str | None:
-    """The kernel's name of the block device ``path`` is on (``vda``, ``loop0``), from sysfs
-    (``/proc/mounts`` may say ``/dev/root``), or ``None`` when sysfs does not say."""
-    dev = os.stat(path).st_dev
+def _block_device_name(mountpoint: str) -> str | None:
+    """The kernel's name of the block device mounted at ``mountpoint`` (``vda``, ``loop0``),
+    from sysfs (``/proc/mounts`` may say ``/dev/root``), or ``None`` when sysfs does not say."""
     try:
+        dev = os.stat(mountpoint).st_dev
         uevent = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/uevent").read_text()
     except OSError:
         return None
