@@ -118,6 +118,10 @@ class LazyFS:
         t.join(timeout)
         return bool(answer and answer[0])
 
+    def exited(self) -> bool:
+        """LazyFS is gone (not hung: a hung one is found by its callers' waits)."""
+        return self.proc is None or self.proc.poll() is not None
+
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None and self.mounted()
 

@@ -155,18 +155,17 @@ class Run:
         for _ in range(3):
             found = {k: self.f[k] for k in PROMISES}
             details = {k: list(v) for k, v in self.details.items()}
-            killer = self._kill_lazyfs_soon() if dies else None
+            kill_now = self._kill_lazyfs_soon() if dies else None
             dies = False
             try:
                 phase()
             except OSError:
-                if not self._lazyfs_exited():
+                if not self.lazy.exited():
                     raise  # ENOTCONN from a dead mount is handled below; anything else is not
             finally:
-                if killer is not None:
-                    killer.cancel()
-                    killer.function()  # a phase quicker than the timer: LazyFS dies at its end
-            if not self._lazyfs_exited():
+                if kill_now is not None:
+                    kill_now()  # a phase quicker than the timer: LazyFS dies at its end
+            if not self.lazy.exited():
                 return
             self.f["findings_dropped_lazyfs_died"] += sum(self.f[k] - v for k, v in found.items())
             for k, v in found.items():
@@ -179,11 +178,10 @@ class Run:
                 self._lose_names()
         raise RuntimeError("LazyFS died under the same checks three times in a row: nothing to conclude")
 
-    def _lazyfs_exited(self) -> bool:
-        """LazyFS is gone (not hung: a hung one is found by its callers' waits)."""
-        return self.lazy.proc is None or self.lazy.proc.poll() is not None
-
-    def _kill_lazyfs_soon(self) -> threading.Timer:
+    def _kill_lazyfs_soon(self) -> Callable[[], None]:
+        """Kill LazyFS at a random moment from now; the call returned kills it at once if
+        the timer has not. The process is the one running now, never the next mount's
+        (which ``LazyFS.kill`` would find by the time a late timer fires)."""
         proc = self.lazy.proc
         assert proc is not None
 
@@ -192,10 +190,15 @@ class Run:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
 
-        t = threading.Timer(self.death_rng.uniform(0.2, 2.0), kill)
-        t.daemon = True
-        t.start()
-        return t
+        timer = threading.Timer(self.death_rng.uniform(0.2, 2.0), kill)
+        timer.daemon = True
+        timer.start()
+
+        def now() -> None:
+            timer.cancel()
+            kill()
+
+        return now
 
     def _submit(
         self, k: int, batch: list[tuple[str, dict[str, object]]]
@@ -222,7 +225,7 @@ class Run:
                     os.close(fd)
                 os.rename(tmp, self.spool / "incoming" / name)
             except OSError:
-                if not self._lazyfs_exited():
+                if not self.lazy.exited():
                     raise
                 continue  # LazyFS died before the cut (which counts it): a drop never made
             if not synced:
@@ -425,7 +428,7 @@ class Run:
                 w.start(drain=True)
             deadline = time.monotonic() + self.args.timeout
             while any(w.alive() for w in self.workers) and time.monotonic() < deadline:
-                if self._lazyfs_exited():
+                if self.lazy.exited():
                     return  # a dead mount: the round's checks start again on a fresh one
                 time.sleep(0.1)
             if not any(w.alive() for w in self.workers):
