@@ -595,8 +595,9 @@ class Daemon:
                 self.orphans.add(r.job_id)
                 return
         else:
-            outcome = "complete"
-        log.info("%s: %s", r.job_id, outcome)
+            outcome = "complete"  # said by publish already, with the object's sha256
+        if outcome != "complete":
+            log.info("%s: %s", r.job_id, outcome)
         call(self.hooks, "attempt_ended", self, r.job_id, outcome)
 
     def _done_slot(self, jid: str) -> Slot:

@@ -22,11 +22,11 @@ running job whose attempt holds the evidence recovery needs.
 
 **Batches** (format 2, :mod:`spool.disk.formats`). The same steps for several jobs
 that end close together, in two halves. :func:`prepare`, on the attempt's own
-thread: steps 1-3, the object's bytes fsynced and linked and its store folder
-fsynced, the manifest written and fsynced under a hidden temp name (nothing
-named yet). :func:`commit`, once for the batch: every manifest linked into
-``manifests/``, then one index segment for them all (:mod:`spool.library.segments`,
-its bytes fsynced), then ``manifests/`` and the segments' folder fsynced at once;
+thread: steps 1-3, the object's bytes fsynced and linked into the store, the
+manifest written and fsynced under a hidden temp name (nothing named yet).
+:func:`commit`, once for the batch: every manifest linked into ``manifests/``, then
+one index segment for them all (:mod:`spool.library.segments`, its bytes fsynced),
+then the objects' store folders, ``manifests/`` and the segments' folder fsynced at once;
 then every move to ``complete/`` and the folders fsynced once; then the journal
 lines. (The daemon claims its
 next jobs just before, in a batch of their own, so they run while it commits.)
@@ -214,6 +214,8 @@ class Ready:
     attempt: Attempt
     manifest: Manifest
     prepared: Prepared
+    #: the store folder the object is named in (fsynced by the batch's first round)
+    shard: Path
     note: str = ""
     why: str = ""
     on_stage: Callable[[str], None] | None = None
@@ -238,17 +240,18 @@ def prepare(
     1-3 and the manifest's bytes. Raises :class:`Failed` (store) or
     :class:`LostOwnership`."""
     stored = _stored(ctx, job, candidate, folder_later=True)
-    # The object's name, durable here on the attempt's own thread (while the daemon commits
-    # other batches) rather than in the batch: shards are rarely shared by a batch, and an
-    # object found already stored ("existing") may be another thread's, not yet fsynced.
-    fsync_dir(stored.path.parent)
+    # The object's name is made durable by the batch's commit, in its first round beside
+    # manifests/ (an object found already stored, "existing", may be another thread's, not
+    # yet fsynced: that fsync covers it too). Here it would be two more waits on the
+    # attempt's thread, the journal's commit (which rides on a folder fsync) and the
+    # folder's own, for the one wait it shares in the round.
     crashpoint("after_store_link")
     rec = attempt.claim_record()
     manifest = _manifest(ctx, job, attempt, stored, report, render_seconds, note, rec)
     stage_result(attempt, rec, manifest)
     crashpoint("after_result")
     prepared = Prepared(ctx.tree.manifest_file(job.job_id), encode(manifest), mode=0o444)
-    return Ready(job, attempt, manifest, prepared, note, why, on_stage)
+    return Ready(job, attempt, manifest, prepared, stored.path.parent, note, why, on_stage)
 
 
 def commit(ctx: Context, batch: list[Ready]) -> list[Manifest | BaseException]:
@@ -261,15 +264,20 @@ def commit(ctx: Context, batch: list[Ready]) -> list[Manifest | BaseException]:
     tree = ctx.tree
     out: dict[str, Manifest | BaseException] = {}
     try:
-        # 2b. (Each object's name is durable already: :func:`prepare` fsynced its store folder.)
-        # 4. The manifests named, then 4b. the batch's segment, then both folders at once.
-        # A line is named after its manifest (a reader never sees a line before the
-        # manifest it needs), but both names become durable in one round: a cut may keep
-        # a line whose manifest it took, which no reader counts (an entry counts only for
-        # a job whose manifest agrees) and recovery publishes again. Format 1 indexes
-        # after the batch: its entries, then its version record, each durable in turn.
+        # 2b. The objects' store folders, 4. the manifests named, then 4b. the batch's
+        # segment, then all those folders at once, in one round. A line is named after its
+        # manifest and a manifest after its object (a reader never sees a name before the
+        # one it needs), but they become durable together: a cut may keep a line whose
+        # manifest it took, or a manifest whose object's name it took. Neither is counted
+        # by any reader (an entry counts only for a job whose manifest agrees, a manifest
+        # only for a job in complete/, and no job moves before the round ends), and
+        # recovery publishes the candidate again or runs the job again: the one manifest
+        # rule replaces a manifest naming a missing object. Format 1 indexes after the
+        # batch: its entries, then its version record, each durable in turn.
         v2 = formats.writing(tree.root) >= 2
         with together(at_once=True):
+            for shard in dict.fromkeys(r.shard for r in batch):
+                fsync_dir(shard)  # joins the batch: fsynced in its round, once per folder
             for r in batch:
                 try:
                     fence(ctx, r.job_id, "manifest")
