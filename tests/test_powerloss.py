@@ -24,13 +24,15 @@ from conftest import Daemon, run_cli
 from libhelp import allow_noop, as_format_1, noop_sub, publish
 
 from spool.core.model import AttemptRecord, Manifest
-from spool.disk import formats
+from spool.disk import formats, store
 from spool.disk.records import read
 from spool.disk.tree import Tree, fsync_dir
 from spool.observe.eventlog import history
+from spool.queue import claim, execute
 from spool.queue.attempt import staged_result
+from spool.queue.context import Context
 from spool.queue.events import Journal
-from spool.repair import lostwrites
+from spool.repair import fsck, lostwrites, recover
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -278,6 +280,74 @@ def test_fsck_rebuilds_from_the_tree_a_journal_line_a_cut_took(published):
     assert len(told) == 1 and told[0].rebuilt and told[0].attempt == 1
     assert lostwrites.journal_gaps(tree, 0.0) == []
     assert len([e for e in history(tree, other) if e.to == "complete"]) == 1  # untouched
+
+
+def test_an_objects_store_folder_is_fsynced_before_its_job_moves_to_complete(tree, monkeypatch):
+    """Format 2 names an object on the attempt's thread and fsyncs its store folder in the
+    publish batch's first round: the name is durable before the job moves to complete/
+    (SPEC 11.3 and 11.9: a complete job keeps its store object)."""
+    from spool.disk import durable, groupcommit
+    from spool.queue import publish as publish_mod
+
+    seen: list[tuple[str, str]] = []
+    real_fsync, real_transfer = durable.fsync_folder_now, publish_mod.transfer
+
+    def fsync(folder: str | os.PathLike[str]) -> None:
+        seen.append(("fsync", os.fspath(folder)))
+        real_fsync(folder)
+
+    def transfer(src: Path, dest: Path) -> bool:
+        seen.append(("move", str(dest.parent)))
+        return real_transfer(src, dest)
+
+    for module in (durable, groupcommit):
+        monkeypatch.setattr(module, "fsync_folder_now", fsync)
+    monkeypatch.setattr(publish_mod, "transfer", transfer)
+    cfg = allow_noop(tree)
+    jid = publish(tree, cfg, noop_sub("ordered"))
+    m = read(tree.manifest_file(jid), Manifest)
+    shard = str((tree.root / m.output.store_path).parent)
+    assert ("fsync", shard) in seen, seen
+    assert seen.index(("fsync", shard)) < seen.index(("move", str(tree.complete))), seen
+
+
+@pytest.mark.parametrize("candidate", ["kept", "lost"])
+def test_a_cut_in_the_publish_round_that_keeps_a_manifest_and_takes_its_object_publishes_again(
+    tree, candidate
+):
+    """Format 2 fsyncs an object's store folder in the publish batch's first round, at once
+    with manifests/ (spool.queue.publish.commit), so a cut there may keep the manifest and
+    take the object's name; the job is still in running/ (it moves after the round).
+    Recovery must not take that manifest for a publish: it publishes the candidate again
+    where its work/ name survived, or runs the job again, and the job completes with a
+    manifest that verifies."""
+    cfg = allow_noop(tree)
+    jid = publish(tree, cfg, noop_sub("cutround"))
+    stale = read(tree.manifest_file(jid), Manifest)
+    # What the cut leaves: the move to complete/ not made, the object's name gone.
+    os.rename(tree.job_file("complete", jid), tree.job_file("running", jid, "w1"))
+    os.unlink(tree.root / stale.output.store_path)
+    [work] = (tree.attempt_dir(jid, stale.attempt) / "work").iterdir()
+    if candidate == "lost":
+        os.unlink(work)
+    assert store.verify(tree, stale) is not None  # the manifest names a missing object
+
+    ctx = Context(tree, cfg, "w1", Journal(tree, "w1"), threading.Event())
+    out = recover.recover(ctx, jid)
+    assert out is not None
+    if candidate == "kept":
+        assert (out.decision, out.to_state) == ("accept-candidate", "complete")
+    else:
+        assert (out.decision, out.to_state) == ("retry", "pending")
+        (tree.attempts / jid / "delay.json").unlink()  # run the retry now
+        assert claim.claim(tree, "w1", jid)
+        assert execute.execute(ctx, jid) == "complete"
+    # The same bytes again (a no-op's output is its job's): the object is stored again under
+    # the same name, so the manifest verifies once more and stays the job's selected output.
+    now = read(tree.manifest_file(jid), Manifest)
+    assert now is not None and store.verify(tree, now) is None
+    assert tree.job_file("complete", jid).exists()
+    assert fsck.check(tree, repair=False, settle=0) == []
 
 
 # -- real power cuts on LazyFS -----------------------------------------------------------------
