@@ -79,9 +79,23 @@ class Hook:
 
 
 def call(hooks: list[Hook], name: str, daemon: Daemon, *args: object) -> None:
-    """Call one callback on every hook, containing their failures."""
+    """Call one callback on every hook that has it, containing their failures."""
     for hook in hooks:
+        if not _overrides(type(hook), name):
+            continue  # Hook's own does nothing (a job passes ~10 calls to ~15 hooks)
         try:
             getattr(hook, name)(daemon, *args)
         except Exception:
             log.exception("hook %s.%s failed", type(hook).__name__, name)
+
+
+_overridden: dict[tuple[type, str], bool] = {}
+
+
+def _overrides(cls: type, name: str) -> bool:
+    """Whether ``cls`` has a callback ``name`` of its own (not :class:`Hook`'s no-op)."""
+    key = (cls, name)
+    got = _overridden.get(key)
+    if got is None:
+        got = _overridden[key] = getattr(cls, name, None) is not getattr(Hook, name, None)
+    return got
