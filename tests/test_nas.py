@@ -475,12 +475,13 @@ def test_torture_across_mounts_loses_nothing(nas, tmp_path):
     assert proc.returncode == 0
 
 
-def test_multimount_bench_measures_claims_and_latency(nas):
-    """tools/multimount_bench.py, small: the figures of the closing note come from it."""
+def test_multimount_bench_measures_claims_and_latency(nas, tmp_path):
+    """tools/multimount_bench.py, small: the figures of the closing note come from it. Its
+    logs go to the test's own folder (it keeps them in $TMPDIR for a person to read)."""
     proc = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "multimount_bench.py"), "--mounts", f"{nas.a},{nas.b}",
          "--export", str(nas.export), "--jobs", "40", "--drops", "3", "--poll", "0.5", "--json"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=300, env={**os.environ, "TMPDIR": str(tmp_path)},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     f = json.loads(proc.stdout)
