@@ -46,6 +46,14 @@ class Watched:
             self.folders.append(os.path.basename(folder))
 
 
+@pytest.fixture(autouse=True)
+def _no_coalescer_left() -> Iterator[None]:
+    """A coalescer a test installs goes with it: left installed, it would fsync with the
+    test's own function in later tests of the same process."""
+    yield
+    groupcommit.install(None)
+
+
 @pytest.fixture
 def watched() -> Iterator[Watched]:
     w = Watched()
