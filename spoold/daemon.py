@@ -594,10 +594,9 @@ class Daemon:
                 log.exception("%s: recording the end of attempt %d failed", r.job_id, r.attempt.n)
                 self.orphans.add(r.job_id)
                 return
+            log.info("%s: %s", r.job_id, outcome)
         else:
             outcome = "complete"  # said by publish already, with the object's sha256
-        if outcome != "complete":
-            log.info("%s: %s", r.job_id, outcome)
         call(self.hooks, "attempt_ended", self, r.job_id, outcome)
 
     def _done_slot(self, jid: str) -> Slot:

@@ -214,8 +214,6 @@ class Ready:
     attempt: Attempt
     manifest: Manifest
     prepared: Prepared
-    #: the store folder the object is named in (fsynced by the batch's first round)
-    shard: Path
     note: str = ""
     why: str = ""
     on_stage: Callable[[str], None] | None = None
@@ -251,7 +249,7 @@ def prepare(
     stage_result(attempt, rec, manifest)
     crashpoint("after_result")
     prepared = Prepared(ctx.tree.manifest_file(job.job_id), encode(manifest), mode=0o444)
-    return Ready(job, attempt, manifest, prepared, stored.path.parent, note, why, on_stage)
+    return Ready(job, attempt, manifest, prepared, note, why, on_stage)
 
 
 def commit(ctx: Context, batch: list[Ready]) -> list[Manifest | BaseException]:
@@ -276,7 +274,7 @@ def commit(ctx: Context, batch: list[Ready]) -> list[Manifest | BaseException]:
         # batch: its entries, then its version record, each durable in turn.
         v2 = formats.writing(tree.root) >= 2
         with together(at_once=True):
-            for shard in dict.fromkeys(r.shard for r in batch):
+            for shard in dict.fromkeys((tree.root / r.manifest.output.store_path).parent for r in batch):
                 fsync_dir(shard)  # joins the batch: fsynced in its round, once per folder
             for r in batch:
                 try:
