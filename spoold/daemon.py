@@ -30,7 +30,7 @@ from spool.core.config import Config
 from spool.core.faults import crashpoint
 from spool.core.model import Event, JobBase, PoolUse
 from spool.disk import diskfull, formats, groupcommit
-from spool.disk.tree import Tree, make_dirs, visible_names
+from spool.disk.tree import Tree, commit_riders, make_dirs, visible_names
 from spool.kinds import capacities
 from spool.kinds.pools import Pools
 from spool.queue import accept, claim, depends, execute, publish, quarantine
@@ -335,9 +335,10 @@ class Daemon:
             )
             self._next_beat = now + self.cfg.daemon.heartbeat_interval
             self.beat_written = True
-            # Journal lines ride on the tree's folder fsyncs; an idle daemon has none, so
-            # its last lines are made durable here, within one heartbeat (SPEC 11.9).
-            self.journal.commit()
+            # Journal lines (and owed folders: a publish's old names in running/) ride on the
+            # tree's folder fsyncs; an idle daemon has none, so they are made durable here,
+            # within one heartbeat (SPEC 11.9).
+            commit_riders()
         call(self.hooks, "tick", self)
         # While a big first scan is read (in the background), look back soon for more.
         reading = self.index.backlog and not self.stopping
@@ -345,9 +346,10 @@ class Daemon:
         if self._wake_in is not None:
             timeout, self._wake_in = min(timeout, self._wake_in), None
         if not self.slots:
-            # Nothing running: this step's journal lines are made durable now, while idle,
-            # not by the next job's first folder fsync (an fsync on its drop-to-claim path).
-            self.journal.commit()
+            # Nothing running: this step's journal lines (and owed folders) are made durable
+            # now, while idle, not by the next job's first folder fsync (an fsync on its
+            # drop-to-claim path).
+            commit_riders()
         if self._take_events() and not self.stopping:
             timeout = 0.0  # something arrived meanwhile: step again at once
         fd = self.watcher.fileno()

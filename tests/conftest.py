@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from spool.core import config, settings
+from spool.disk import groupcommit
 from spool.disk.tree import Tree
 from spool.media import samples
 from spool.queue.events import Journal
@@ -34,6 +35,14 @@ SPOOL = str(BIN / "spool")
 SPOOLD = str(BIN / "spoold")
 
 TAGS = {"campaign": "mug", "locale": "en-GB", "asset_type": "ad", "visibility": "internal"}
+
+
+@pytest.fixture(autouse=True)
+def _nothing_owed_left() -> Iterator[None]:
+    """Folders a test's publish left owed (spool.disk.groupcommit.Owed) go with the test:
+    paid by a later test's batch, they would count among its fsyncs."""
+    yield
+    groupcommit.owed.take()
 
 
 @pytest.fixture(scope="session")

@@ -26,7 +26,7 @@ from libhelp import allow_noop, as_format_1, noop_sub, publish
 from spool.core.model import AttemptRecord, Manifest
 from spool.disk import formats, store
 from spool.disk.records import read
-from spool.disk.tree import Tree, fsync_dir
+from spool.disk.tree import HOST, Tree, commit_riders, fsync_dir
 from spool.observe.eventlog import history
 from spool.queue import claim, execute
 from spool.queue.attempt import staged_result
@@ -311,6 +311,82 @@ def test_an_objects_store_folder_is_fsynced_before_its_job_moves_to_complete(tre
     shard = str((tree.root / m.output.store_path).parent)
     assert ("fsync", shard) in seen, seen
     assert seen.index(("fsync", shard)) < seen.index(("move", str(tree.complete))), seen
+
+
+def test_a_publish_owes_the_removal_from_running_to_the_next_folder_fsync(tree, monkeypatch):
+    """Format 2 tells a job complete once complete/ is durable; the old name's removal
+    from running/<worker>/ is owed (spool.disk.groupcommit.Owed) and paid by the next
+    batch's first round, once even when that batch fsyncs the same folder (a claim's), or
+    by a commit of the riders (an idle daemon's step, a command's end)."""
+    from spool.disk import durable, groupcommit
+    from spool.queue import publish as publish_mod
+
+    seen: list[tuple[str, str]] = []
+    real_fsync, real_transfer = durable.fsync_folder_now, publish_mod.transfer
+
+    def fsync(folder: str | os.PathLike[str]) -> None:
+        seen.append(("fsync", os.fspath(folder)))
+        real_fsync(folder)
+
+    def transfer(src: Path, dest: Path) -> bool:
+        seen.append(("move", str(dest.parent)))
+        return real_transfer(src, dest)
+
+    for module in (durable, groupcommit):
+        monkeypatch.setattr(module, "fsync_folder_now", fsync)
+    monkeypatch.setattr(groupcommit, "_installed", None)
+    monkeypatch.setattr(publish_mod, "transfer", transfer)
+    cfg = allow_noop(tree)
+    running = str(tree.running_dir("w1"))
+
+    jid = publish(tree, cfg, noop_sub("owed"))
+    moved = seen.index(("move", str(tree.complete)))
+    assert ("fsync", str(tree.complete)) in seen[moved:], seen
+    assert ("fsync", running) not in seen[moved:], seen  # not waited for
+    assert tree.job_file("complete", jid).exists()
+    seen.clear()
+    with groupcommit.together(at_once=True):
+        fsync_dir(tree.pending)
+    assert ("fsync", running) in seen, seen  # paid beside the next batch's folders
+
+    publish(tree, cfg, noop_sub("owed2"))
+    seen.clear()
+    with groupcommit.together(at_once=True):
+        fsync_dir(tree.running_dir("w1"))
+        fsync_dir(tree.pending, after=tree.running_dir("w1"))
+    assert seen.count(("fsync", running)) == 1, seen  # a batch that has it pays it, once
+
+    publish(tree, cfg, noop_sub("owed3"))
+    seen.clear()
+    commit_riders()
+    assert ("fsync", running) in seen, seen
+    seen.clear()
+    commit_riders()
+    assert ("fsync", running) not in seen, seen  # paid: owed no more
+
+
+def test_a_cut_that_keeps_a_told_complete_jobs_old_name_in_running_is_finished_by_recovery(tree, daemons):
+    """What a cut before the owed fsync may leave: the job in complete/ and, by the same
+    inode, still in running/<worker>/. The worker's next start removes the old name
+    (rename(2) between two names of one file would do nothing), runs nothing again, tells
+    no second "complete", and fsck finds the tree clean."""
+    cfg = allow_noop(tree)
+    worker = f"{HOST}-w1"  # the daemon's own below
+    jid = publish(tree, cfg, noop_sub("twonames"), worker=worker)
+    before = read(tree.manifest_file(jid), Manifest)
+    tree.running_dir(worker).mkdir(parents=True, exist_ok=True)
+    os.link(tree.job_file("complete", jid), tree.job_file("running", jid, worker))
+    assert fsck.check(tree, repair=False, settle=0) != []  # a job in two states
+
+    d = daemons(tree, "w1", drain=True)
+    assert d.wait(60) == 0
+    assert not tree.job_file("running", jid, worker).exists()
+    assert tree.job_file("complete", jid).exists()
+    after = read(tree.manifest_file(jid), Manifest)
+    assert after == before  # the same publish: no attempt ran again
+    assert sorted(p.name for p in (tree.attempts / jid).iterdir() if p.name.isdigit()) == ["1"]
+    assert [e.to for e in history(tree, jid)].count("complete") == 1
+    assert fsck.check(tree, repair=False, settle=0) == []
 
 
 @pytest.mark.parametrize("candidate", ["kept", "lost"])

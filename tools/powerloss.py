@@ -18,8 +18,9 @@ the round is checked again; ``--lazyfs-deaths D`` kills it so in D rounds).
 LazyFS loses file data only (a name goes through at once), so the run then
 takes away, at random, the names a
 real filesystem may lose that spool never fsyncs the folder of (format 2: a
-slot job's attempt folder and frozen copy in ``attempts/J/``; ``--keep-names``
-leaves them).
+slot job's attempt folder and frozen copy in ``attempts/J/``), and gives back a
+told-complete job's old name in ``running/W/`` whose removal a worker still owed
+(``--keep-names`` leaves them all).
 
 After each cut, before anything restarts, it checks what a reader finds
 (SPEC 11, invariant 9): every acknowledged submission (``spool submit``
@@ -283,7 +284,8 @@ class Run:
         may be gone after a real power cut. So, for each job whose ``attempts/J/`` holds
         only that (no record beside the attempts: a delay, a recovery, a retry mark; no
         generation, no attempt opened by recovery or cancel; the latest attempt with no
-        durable ending record), each of the two names goes with probability 1/2."""
+        durable ending record), each of the two names goes with probability 1/2. And a
+        name a removal took may come back (:meth:`_old_names_back`)."""
         root = self.spool / "attempts"
         for jdir in sorted(root.iterdir()) if root.is_dir() else []:
             names = [n for n in os.listdir(jdir) if not n.startswith(".")]
@@ -303,6 +305,32 @@ class Run:
             if "job.json" in names and len(nums) <= 1 and self.rng.random() < 0.5:
                 (jdir / "job.json").unlink()
                 self.f["names_lost_frozen_copies"] += 1
+        self._old_names_back()
+
+    def _old_names_back(self) -> None:
+        """A publish batch's removals from ``running/W/`` are owed to the worker's next folder
+        fsync (``spool.disk.groupcommit.Owed``), so a real cut may keep a told-complete job's
+        old name there (the same inode as ``complete/J.json``). Each worker's latest batch
+        (its manifests published within 50 ms of its last) is the one that may still owe it:
+        each of those jobs gets its old name back with probability 1/2."""
+        tree = Tree.at(self.spool)
+        by_worker: dict[str, list[tuple[float, str]]] = {}
+        for name in os.listdir(tree.complete):
+            if not name.endswith(".json") or name.startswith("."):
+                continue
+            m = read(tree.manifest_file(name[:-5]), Manifest)
+            if m is not None and m.worker:
+                by_worker.setdefault(m.worker, []).append((m.published_at.timestamp(), name[:-5]))
+        for worker, published in sorted(by_worker.items()):
+            last = max(t for t, _ in published)
+            for t, jid in sorted(published):
+                if t < last - 0.05 or not tree.running_dir(worker).is_dir() or self.rng.random() >= 0.5:
+                    continue
+                try:
+                    os.link(tree.job_file("complete", jid), tree.job_file("running", jid, worker))
+                except FileExistsError:
+                    continue
+                self.f["names_back_running"] += 1
 
     def _after_cut(self) -> None:
         """What a reader finds right after the cut, before anything restarts."""
@@ -668,6 +696,7 @@ def _figures(r: Run, wall: float) -> dict[str, Any]:
         "fsck_other_repairs": r.f["fsck_other_repairs"],
         "names_lost_attempt_folders": r.f["names_lost_attempt_folders"],
         "names_lost_frozen_copies": r.f["names_lost_frozen_copies"],
+        "names_back_running": r.f["names_back_running"],
         "wall_seconds": round(wall, 1),
         "details": r.details,
     }
@@ -734,7 +763,8 @@ def main() -> int:
             f"result_records_rewritten={f['fsck_result_records_rewritten']} "
             f"records_set_aside={f['fsck_records_set_aside']} names_lost="
             f"{f['names_lost_attempt_folders']}+{f['names_lost_frozen_copies']} (restored "
-            f"{f['fsck_names_restored']}) fsck_problems={f['fsck_problems']} "
+            f"{f['fsck_names_restored']}) old_names_back={f['names_back_running']} "
+            f"fsck_problems={f['fsck_problems']} "
             f"independent_problems={f['independent_problems']} wall={f['wall_seconds']}s"
         )
         if not f["clean"]:

@@ -32,12 +32,19 @@ import functools
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 from spool.core.faults import armed, crashpoint
-from spool.disk.tree import commit_riders, fsync_folder_now, riding, route_folder_fsyncs
+from spool.disk.tree import (
+    commit_riders,
+    fsync_folder_now,
+    ride_folder_fsyncs,
+    riding,
+    route_folder_fsyncs,
+    stop_riding,
+)
 
 #: How long a leader waits, at most, for other threads' requests on its folder (seconds).
 WINDOW = 0.002
@@ -169,6 +176,10 @@ def sync_folder(folder: str | os.PathLike[str], after: str | os.PathLike[str] | 
     first; a batch commits them when it ends, beside its first folder fsyncs."""
     pending: dict[str, set[str]] | None = getattr(_local, "pending", None)
     if pending is not None:
+        sources: dict[str, None] | None = getattr(_local, "sources", None)
+        if after is not None and sources is not None:
+            sources[os.fspath(folder)] = None  # a move's source: owed once the batch ends
+            return
         deps = pending.setdefault(os.fspath(folder), set())
         if after is not None and os.fspath(after) != os.fspath(folder):
             deps.add(os.fspath(after))
@@ -186,8 +197,61 @@ def _sync_now(folder: str, wait_for_company: bool = True) -> None:
         c.sync(folder, wait_for_company=wait_for_company)
 
 
+class Owed:
+    """Folders whose fsync may wait for this process's next one: the source folders of a
+    publish batch's moves to ``complete/`` (``together(sources_later=True)``).
+
+    A rider (:func:`spool.disk.tree.ride_folder_fsyncs`), like the journals: paid by the
+    next folder fsync of any thread, inside the next batch's first round (where a claim
+    batch asks for the same ``running/<worker>/`` anyway: one fsync for both), or by
+    :func:`spool.disk.tree.commit_riders` (a command's end, an idle daemon's step, its
+    heartbeat and stop). What waits is only the old name's removal: the new name was
+    durable first, so a cut in between leaves the job in both folders, which the owner's
+    recovery (the manifest verifies: finish the move) and ``spool fsck`` (keep
+    ``complete``) resolve; a cut between two rounds of one batch left the same."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._folders: dict[str, None] = {}
+
+    def add(self, folder: str) -> None:
+        with self._lock:
+            self._folders[folder] = None
+            ride_folder_fsyncs(self)
+
+    def take(self) -> list[str]:
+        """The folders owed, now the caller's to fsync."""
+        with self._lock:
+            out, self._folders = list(self._folders), {}
+            stop_riding(self)
+        return out
+
+    def commit(self) -> None:
+        folders = self.take()
+        try:
+            for folder in folders:
+                _sync_owed(folder)
+        except OSError:
+            for folder in folders:
+                self.add(folder)  # still owed: the next commit tries again, and raises
+            raise
+
+
+def _sync_owed(folder: str) -> None:
+    """An owed folder's fsync; one removed meanwhile (an emptied ``running/<host>-adopt/``)
+    has no entries left to make durable."""
+    try:
+        _sync_now(folder)
+    except FileNotFoundError:
+        pass
+
+
+#: This process's owed folders.
+owed = Owed()
+
+
 @contextmanager
-def together(*, at_once: bool = False, threads: int = 0) -> Iterator[None]:
+def together(*, at_once: bool = False, threads: int = 0, sources_later: bool = False) -> Iterator[None]:
     """A batch: this thread's folder fsyncs inside are done once each when it ends.
 
     Nothing made inside may be told to anyone before the block ends (the fsyncs
@@ -203,6 +267,11 @@ def together(*, at_once: bool = False, threads: int = 0) -> Iterator[None]:
     fsyncs is the same. ``threads`` bounds how many run at once (0: one thread
     per folder; a merge of the library index touches hundreds).
 
+    ``sources_later=True``: a move's source folder (asked with ``after``) is not fsynced
+    by this batch but owed (:class:`Owed`), paid by this process's next folder fsync; only
+    a publish batch's moves to ``complete/`` ask it (the job is told complete once its new
+    name is durable). Any owed folders are paid in a batch's first round.
+
     The riders' lines (the journals) were all written before the batch began and
     tell only what earlier fsyncs made durable, so they need no order against the
     batch's folders: they are committed beside the first round, not before it (one
@@ -215,12 +284,17 @@ def together(*, at_once: bool = False, threads: int = 0) -> Iterator[None]:
     route_folder_fsyncs(sync_folder)  # from now on, this process's folder fsyncs come here
     pending: dict[str, set[str]] = {}
     _local.pending = pending
+    sources: dict[str, None] | None = {} if sources_later else None
+    _local.sources = sources
     ok = False
     try:
         yield
         ok = True
     finally:
         _local.pending = None
+        _local.sources = None
+        # Owed folders are paid in this batch's first round; one the batch fsyncs anyway, once.
+        extra = [f for f in owed.take() if f not in pending] if pending else []
         try:
             riders = riding() and bool(pending)
             if at_once and len(pending) > 1:
@@ -232,18 +306,22 @@ def together(*, at_once: bool = False, threads: int = 0) -> Iterator[None]:
                 for k, batch in enumerate(order):
                     if k == 1:
                         crashpoint("mid_group_sync")  # some folders of the batch durable, the rest not
-                    _sync_all_at_once(batch, threads, with_riders=riders and k == 0)
+                    also = extra if k == 0 else []
+                    _sync_all_at_once(batch, threads, with_riders=riders and k == 0, owed=also)
             else:
                 for n, folder in enumerate(pending):
                     if n == 1:
                         crashpoint("mid_group_sync")  # some folders of the batch durable, the rest not
-                    if n == 0 and riders:
-                        _sync_all_at_once([folder], with_riders=True, wait_for_company=True)
+                    if n == 0 and (riders or extra):
+                        _sync_all_at_once([folder], with_riders=riders, wait_for_company=True, owed=extra)
                     else:
                         _sync_now(folder)
         except OSError:
             if ok:
                 raise
+        finally:
+            for folder in sources or ():
+                owed.add(folder)  # after this batch's rounds: its new names durable first
 
 
 def commit_riders_soon() -> None:
@@ -297,11 +375,17 @@ def _helpers() -> ThreadPoolExecutor:
 
 
 def _sync_all_at_once(
-    folders: list[str], threads: int = 0, *, with_riders: bool = False, wait_for_company: bool = False
+    folders: list[str],
+    threads: int = 0,
+    *,
+    with_riders: bool = False,
+    wait_for_company: bool = False,
+    owed: Sequence[str] = (),
 ) -> None:
     """fsync every folder concurrently (the first on this thread, the rest on helper
     threads; ``threads`` > 0: at most that many at a time); the first error is raised.
-    ``with_riders``: commit the riders (the journals) beside them, as one more task.
+    ``with_riders``: commit the riders (the journals) beside them, as one more task;
+    ``owed``: owed folders (:class:`Owed`) beside them too.
 
     The caller takes tasks from the same list as its helpers, so it never waits on a
     helper that has not started: it cancels those (busy helpers mean fewer at once,
@@ -310,6 +394,7 @@ def _sync_all_at_once(
     todo: list[Callable[[], None]] = [
         functools.partial(_sync_now, f, wait_for_company=wait_for_company) for f in reversed(folders)
     ]
+    todo += [functools.partial(_sync_owed, f) for f in owed]
     if with_riders:
         todo.append(commit_riders)  # popped first: this thread starts on it, helpers on the folders
     lock = threading.Lock()

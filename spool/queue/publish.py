@@ -27,8 +27,9 @@ manifest written and fsynced under a hidden temp name (nothing named yet).
 :func:`commit`, once for the batch: every manifest linked into ``manifests/``, then
 one index segment for them all (:mod:`spool.library.segments`, its bytes fsynced),
 then the objects' store folders, ``manifests/`` and the segments' folder fsynced at once;
-then every move to ``complete/`` and the folders fsynced once; then the journal
-lines. (The daemon claims its
+then every move to ``complete/`` and ``complete/`` fsynced once (the old names' removal
+from ``running/<me>/`` is owed to the next folder fsync: :class:`spool.disk.groupcommit.Owed`);
+then the journal lines. (The daemon claims its
 next jobs just before, in a batch of their own, so they run while it commits.)
 Each job is fenced on its own: one taken away meanwhile is
 dropped from the batch, the others go on. A job's publish alone is a batch of
@@ -293,9 +294,12 @@ def commit(ctx: Context, batch: list[Ready]) -> list[Manifest | BaseException]:
             if r.on_stage is not None:
                 r.on_stage("stored")
                 r.on_stage("indexed")
-        # 5. The moves, then their folders once.
+        # 5. The moves, then complete/ once. The removals from running/<worker>/ are owed to
+        # this process's next folder fsync (the next claim batch has running/<worker>/ in its
+        # first round anyway): a cut before it may leave a told-complete job's old name
+        # there too, which recovery (the manifest verifies: finish the move) and fsck resolve.
         moved: list[Ready] = []
-        with together(at_once=True):
+        with together(at_once=True, sources_later=True):
             for k, r in enumerate(live):
                 if k == 0:
                     crashpoint("before_complete_rename")

@@ -39,6 +39,7 @@ worker, if it was only paused, finds its job gone at its next fence.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -60,7 +61,7 @@ from spool.core.model import (
 )
 from spool.disk import store
 from spool.disk.records import read
-from spool.disk.tree import Tree, link_or_copy, make_dirs, transfer, visible_names, write_atomic
+from spool.disk.tree import Tree, fsync_dir, link_or_copy, make_dirs, transfer, visible_names, write_atomic
 from spool.library import index
 from spool.queue import liveness, quarantine, retry
 from spool.queue.attempt import open_attempt, staged_result, write_failure
@@ -209,6 +210,17 @@ def recover(
     tree = ctx.tree
     owner = owner or ctx.worker
     path = tree.job_file("running", job_id, owner)
+    if _old_name(tree, path, job_id):
+        # Nothing to decide (rename(2) between two names of one file would do nothing): the
+        # old name goes, and the job's one "complete" line stays its only one.
+        if not dry_run:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                return None
+            fsync_dir(path.parent)
+            log.info("%s: complete; its old name in running/%s/ (kept by a power cut) removed", job_id, owner)
+        return Outcome(job_id, "published", "complete already; its old name in running/ goes", "complete")
     try:
         job = quarantine.load(path)
     except quarantine.Damaged as damage:
@@ -387,6 +399,16 @@ def _apply(
 def _move(ctx: Context, jid: str, to: str) -> None:
     if not transfer(ctx.tree.job_file("running", jid, ctx.worker), ctx.tree.job_file(to, jid)):
         raise LostOwnership(f"{jid} left running/{ctx.worker}/ during recovery")
+
+
+def _old_name(tree: Tree, path: Path, job_id: str) -> bool:
+    """Whether ``path`` in ``running/`` is the old name of a job moved to ``complete/``: the
+    same file. A power cut may keep it, as a publish owes the removal's fsync to the next
+    round (:class:`spool.disk.groupcommit.Owed`); the job is complete and told so."""
+    try:
+        return os.path.samefile(path, tree.job_file("complete", job_id))
+    except FileNotFoundError:
+        return False
 
 
 def jobs_of(tree: Tree, worker: str) -> list[str]:
