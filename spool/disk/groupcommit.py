@@ -206,9 +206,10 @@ class Owed:
     batch asks for the same ``running/<worker>/`` anyway: one fsync for both), or by
     :func:`spool.disk.tree.commit_riders` (a command's end, an idle daemon's step, its
     heartbeat and stop). What waits is only the old name's removal: the new name was
-    durable first, so a cut in between leaves the job in both folders, which the owner's
-    recovery (the manifest verifies: finish the move) and ``spool fsck`` (keep
-    ``complete``) resolve; a cut between two rounds of one batch left the same."""
+    durable first, so a cut in between leaves the job's file under both names, which
+    recovery (:func:`spool.repair.recover.recover`: the old name of a complete job goes,
+    nothing is decided or told again) and ``spool fsck`` (keep ``complete``) resolve; a
+    cut between two rounds of one batch left the same."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -238,10 +239,11 @@ class Owed:
 
 
 def _sync_owed(folder: str) -> None:
-    """An owed folder's fsync; one removed meanwhile (an emptied ``running/<host>-adopt/``)
-    has no entries left to make durable."""
+    """An owed folder's fsync, at once (never waiting for company: it is issued beside a
+    round's, or alone); one removed meanwhile (an emptied ``running/<host>-adopt/``) has
+    no entries left to make durable."""
     try:
-        _sync_now(folder)
+        _sync_now(folder, wait_for_company=False)
     except FileNotFoundError:
         pass
 

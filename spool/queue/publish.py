@@ -297,7 +297,7 @@ def commit(ctx: Context, batch: list[Ready]) -> list[Manifest | BaseException]:
         # 5. The moves, then complete/ once. The removals from running/<worker>/ are owed to
         # this process's next folder fsync (the next claim batch has running/<worker>/ in its
         # first round anyway): a cut before it may leave a told-complete job's old name
-        # there too, which recovery (the manifest verifies: finish the move) and fsck resolve.
+        # there too, which recovery removes (nothing runs again) and fsck reports.
         moved: list[Ready] = []
         with together(at_once=True, sources_later=True):
             for k, r in enumerate(live):
