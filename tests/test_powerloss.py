@@ -282,10 +282,10 @@ def test_fsck_rebuilds_from_the_tree_a_journal_line_a_cut_took(published):
     assert len([e for e in history(tree, other) if e.to == "complete"]) == 1  # untouched
 
 
-def test_an_objects_store_folder_is_fsynced_before_its_job_moves_to_complete(tree, monkeypatch):
-    """Format 2 names an object on the attempt's thread and fsyncs its store folder in the
-    publish batch's first round: the name is durable before the job moves to complete/
-    (SPEC 11.3 and 11.9: a complete job keeps its store object)."""
+@pytest.fixture
+def seen_folders_and_moves(monkeypatch) -> list[tuple[str, str]]:
+    """Every folder fsync ("fsync", folder) and every publish move ("move", destination
+    folder) from now on, in order."""
     from spool.disk import durable, groupcommit
     from spool.queue import publish as publish_mod
 
@@ -305,6 +305,14 @@ def test_an_objects_store_folder_is_fsynced_before_its_job_moves_to_complete(tre
     # A coalescer another test of this process installed would fsync with its own function.
     monkeypatch.setattr(groupcommit, "_installed", None)
     monkeypatch.setattr(publish_mod, "transfer", transfer)
+    return seen
+
+
+def test_an_objects_store_folder_is_fsynced_before_its_job_moves_to_complete(tree, seen_folders_and_moves):
+    """Format 2 names an object on the attempt's thread and fsyncs its store folder in the
+    publish batch's first round: the name is durable before the job moves to complete/
+    (SPEC 11.3 and 11.9: a complete job keeps its store object)."""
+    seen = seen_folders_and_moves
     cfg = allow_noop(tree)
     jid = publish(tree, cfg, noop_sub("ordered"))
     m = read(tree.manifest_file(jid), Manifest)
@@ -313,29 +321,14 @@ def test_an_objects_store_folder_is_fsynced_before_its_job_moves_to_complete(tre
     assert seen.index(("fsync", shard)) < seen.index(("move", str(tree.complete))), seen
 
 
-def test_a_publish_owes_the_removal_from_running_to_the_next_folder_fsync(tree, monkeypatch):
+def test_a_publish_owes_the_removal_from_running_to_the_next_folder_fsync(tree, seen_folders_and_moves):
     """Format 2 tells a job complete once complete/ is durable; the old name's removal
     from running/<worker>/ is owed (spool.disk.groupcommit.Owed) and paid by the next
     batch's first round, once even when that batch fsyncs the same folder (a claim's), or
     by a commit of the riders (an idle daemon's step, a command's end)."""
-    from spool.disk import durable, groupcommit
-    from spool.queue import publish as publish_mod
+    from spool.disk import groupcommit
 
-    seen: list[tuple[str, str]] = []
-    real_fsync, real_transfer = durable.fsync_folder_now, publish_mod.transfer
-
-    def fsync(folder: str | os.PathLike[str]) -> None:
-        seen.append(("fsync", os.fspath(folder)))
-        real_fsync(folder)
-
-    def transfer(src: Path, dest: Path) -> bool:
-        seen.append(("move", str(dest.parent)))
-        return real_transfer(src, dest)
-
-    for module in (durable, groupcommit):
-        monkeypatch.setattr(module, "fsync_folder_now", fsync)
-    monkeypatch.setattr(groupcommit, "_installed", None)
-    monkeypatch.setattr(publish_mod, "transfer", transfer)
+    seen = seen_folders_and_moves
     cfg = allow_noop(tree)
     running = str(tree.running_dir("w1"))
 
