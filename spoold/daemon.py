@@ -60,6 +60,11 @@ COMPANY = 0.005
 
 #: Drops accepted in one step at most (one group-commit batch); a full batch lists again.
 INTAKE_BATCH = 1000
+#: ... and at most this long (seconds). A render's drop is probed at acceptance (~0.07 s: its
+#: sources' ffprobe), and a batch tells nothing and claims nothing until it ends: 1,000 render
+#: drops in one batch would keep every slot idle for ~70 s, and daemons killed every few
+#: seconds never finished one (tools/torture at 100 jobs killed no render, recovered nothing).
+INTAKE_SECONDS = 0.25
 
 
 class Daemon:
@@ -397,15 +402,23 @@ class Daemon:
     def _accept(self, now: float) -> int:
         try:
             outcomes = accept.accept_incoming(
-                self.tree, self.cfg, self.worker, self.journal, limit=INTAKE_BATCH, arrivals=self.arrivals
+                self.tree,
+                self.cfg,
+                self.worker,
+                self.journal,
+                limit=INTAKE_BATCH,
+                arrivals=self.arrivals,
+                seconds=INTAKE_SECONDS,
             )
         except Exception as exc:  # the daemon never dies on input; log and carry on
             if diskfull.is_disk_full(exc):
                 raise  # the loop backs off and says so once
             log.exception("accepting from incoming/ failed")
             return 0
-        # Listed and taken: the next listing is due on the timer, or at once if the batch was full.
-        self._next_intake = now + self.cfg.daemon.poll_interval if len(outcomes) < INTAKE_BATCH else 0.0
+        # Listed and taken: the next listing is due on the timer, or at once if the batch was
+        # full or ran out of time (drops may be left).
+        full = len(outcomes) >= INTAKE_BATCH or time.monotonic() - now >= INTAKE_SECONDS
+        self._next_intake = 0.0 if full else now + self.cfg.daemon.poll_interval
         if outcomes:
             groupcommit.commit_riders_soon()  # the lines just told, durable while the claims are made
         for o in outcomes:

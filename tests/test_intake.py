@@ -92,6 +92,22 @@ def test_only_a_new_job_is_handed_over_as_bytes_to_index_without_its_file(
     assert again.data is None
 
 
+def test_an_acceptance_batch_out_of_time_leaves_the_drops_it_did_not_take(
+    tree: Tree, cfg: Config, journal: Journal, assets: Path
+):
+    """A batch tells nothing and claims nothing until it ends, and a render's drop is probed
+    at acceptance, so the daemon bounds a batch by time (spoold.daemon.INTAKE_SECONDS): past
+    it, the drops not yet taken stay in incoming/ under their own names for the next batch."""
+    for i in range(4):
+        (tree.incoming / f"t{i}.json").write_bytes(json.dumps(minimal(assets, f"t{i}")).encode())
+    (first,) = accept.accept_incoming(tree, cfg, "w1", journal, seconds=0)  # out of time at once
+    assert isinstance(first, accept.Accepted) and first.job.job_id == "t0@1"
+    assert sorted(os.listdir(tree.incoming)) == ["t1.json", "t2.json", "t3.json"]
+    rest = accept.accept_incoming(tree, cfg, "w1", journal)
+    assert [o.job.job_id for o in rest if isinstance(o, accept.Accepted)] == ["t1@1", "t2@1", "t3@1"]
+    assert os.listdir(tree.incoming) == []
+
+
 # -- 8: reasons name what the user dropped ----------------------------------------------------
 
 

@@ -746,9 +746,11 @@ def accept_incoming(
     journal: Journal,
     limit: int = 1000,
     arrivals: Arrivals | None = None,
+    seconds: float | None = None,
 ) -> list[Outcome]:
-    """Process up to ``limit`` finished drops from ``incoming/``; never raises on bad
-    input. A full disk (ENOSPC, EDQUOT) is raised: nothing can be accepted then.
+    """Process up to ``limit`` finished drops from ``incoming/``, and no more once
+    ``seconds`` have passed (the drops not yet taken stay for the next batch); never raises
+    on bad input. A full disk (ENOSPC, EDQUOT) is raised: nothing can be accepted then.
 
     One batch (group commit): every job file and reservation is written (each
     file fsynced), then ``attempts/``, ``pending/`` and the other folders
@@ -763,7 +765,8 @@ def accept_incoming(
     error: Exception | None = None
     with groupcommit.together(at_once=True):  # attempts/ and pending/ need no order
         try:
-            _accept_batch(tree, cfg, worker, held, limit, arrivals, out, taken_of)
+            until = None if seconds is None else time.monotonic() + seconds
+            _accept_batch(tree, cfg, worker, held, limit, arrivals, out, taken_of, until)
         except Exception as exc:  # a full disk: what was done so far is still told
             error = exc
         if any(isinstance(o, Accepted) for o in out):
@@ -809,6 +812,7 @@ def _accept_batch(
     arrivals: Arrivals | None,
     out: list[Outcome],
     taken_of: list[tuple[Outcome, Path]],
+    until: float | None = None,
 ) -> None:
     for raw_name, taken, redelivered in take_incoming(tree, worker, arrivals):
         name = display_name(raw_name)
@@ -841,7 +845,7 @@ def _accept_batch(
                 journal.record(name, "rejected", from_="incoming", reason=str(err))
             except Exception:
                 log.exception("could not move %s to rejected/", name)
-        if len(out) >= limit:
+        if len(out) >= limit or (until is not None and time.monotonic() >= until):
             break
 
 
