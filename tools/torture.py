@@ -87,6 +87,8 @@ from spool.media import samples
 from spool.queue import health
 
 BIN = Path(sys.executable).parent
+#: A run with at least this many daemon kills must have recovered something (see "hollow").
+HOLLOW_KILLS = 10
 SPOOL = str(BIN / "spool")
 TAGS = {"campaign": "torture", "locale": "en", "asset_type": "test", "visibility": "internal"}
 
@@ -245,6 +247,9 @@ def _run(args: argparse.Namespace, sim: Any) -> dict[str, object]:
         "damaged_dropped": len(damaged),
         "damaged_not_quarantined": len(stray),
         "recoveries": found["recoveries"],
+        # Kills that recovered nothing never found a daemon mid-job: the run proved nothing
+        # about recovery (it went so at 100 jobs while acceptance batches outlived the kills).
+        "hollow": kills["daemon"] >= HOLLOW_KILLS and not found["recoveries"],
         "journal_lines_rebuilt": found["journal_lines_rebuilt"],
         "lost": len(found["lost"]),
         "double_published": len(found["double"]),
@@ -1190,6 +1195,12 @@ def main() -> int:
                 else ""
             )
         )
+        if f.get("hollow"):
+            print(
+                f"hollow: {f['kills_daemon']} daemon kills and no recovery decision: no kill found "
+                "a daemon with a job in hand",
+                file=sys.stderr,
+            )
         if (
             f["lost"]
             or f["double_published"]
@@ -1208,6 +1219,7 @@ def main() -> int:
             print(f"spool kept at {f['spool']}", file=sys.stderr)
     bad = (
         f["lost"]
+        or f.get("hollow")
         or f["double_published"]
         or f["partial_at_final"]
         or f["fsck_problems"]
