@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -397,3 +398,22 @@ def test_only_an_explicit_act_routes_folder_fsyncs_never_an_import() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["True", "True"]
+
+
+def test_an_owed_folder_a_failed_round_did_not_pay_stays_owed(tmp_path: Path, monkeypatch):
+    """An owed folder (a publish's moves' source) is paid beside a batch's first round; when
+    that round fails it may not have been paid, so it stays owed for the next fsync."""
+    owed_dir, batch_dir = tmp_path / "owed", tmp_path / "batch"
+    owed_dir.mkdir()
+    batch_dir.mkdir()
+
+    def fsync(folder: str | os.PathLike[str]) -> None:
+        if os.fspath(folder) == str(batch_dir):
+            raise OSError(errno.EIO, "Input/output error", str(folder))
+
+    monkeypatch.setattr(groupcommit, "fsync_folder_now", fsync)
+    monkeypatch.setattr(groupcommit, "_installed", None)
+    groupcommit.owed.add(str(owed_dir))
+    with pytest.raises(OSError), groupcommit.together(at_once=True):
+        groupcommit.sync_folder(batch_dir)
+    assert groupcommit.owed.take() == [str(owed_dir)]

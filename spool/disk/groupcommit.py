@@ -319,6 +319,8 @@ def together(*, at_once: bool = False, threads: int = 0, sources_later: bool = F
                     else:
                         _sync_now(folder)
         except OSError:
+            for folder in extra:
+                owed.add(folder)  # maybe not paid: still owed (the next fsync tries again)
             if ok:
                 raise
         finally:
