@@ -82,6 +82,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -793,6 +794,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--page-size", type=int, default=100)
     args = ap.parse_args(argv)
     sim = ProviderSim(args.token, port=args.port, work=args.work, page_size=args.page_size)
+    # A stop signal ends the server as Ctrl-C does, through the finally below: SIGTERM's
+    # default action would leave the generated files' folder in /tmp behind.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     print(
         f"provsim: listening on {sim.url} (Replicate and Runway APIs); stats at {sim.url}/_sim/stats",
         flush=True,
