@@ -296,7 +296,7 @@ def together(*, at_once: bool = False, threads: int = 0, sources_later: bool = F
         _local.pending = None
         _local.sources = None
         # Owed folders are paid in this batch's first round; one the batch fsyncs anyway, once.
-        extra = [f for f in owed.take() if f not in pending] if pending else []
+        owed_now = [f for f in owed.take() if f not in pending] if pending else []
         try:
             riders = riding() and bool(pending)
             if at_once and len(pending) > 1:
@@ -308,18 +308,20 @@ def together(*, at_once: bool = False, threads: int = 0, sources_later: bool = F
                 for k, batch in enumerate(order):
                     if k == 1:
                         crashpoint("mid_group_sync")  # some folders of the batch durable, the rest not
-                    also = extra if k == 0 else []
-                    _sync_all_at_once(batch, threads, with_riders=riders and k == 0, owed=also)
+                    beside = owed_now if k == 0 else []
+                    _sync_all_at_once(batch, threads, with_riders=riders and k == 0, owed_folders=beside)
             else:
                 for n, folder in enumerate(pending):
                     if n == 1:
                         crashpoint("mid_group_sync")  # some folders of the batch durable, the rest not
-                    if n == 0 and (riders or extra):
-                        _sync_all_at_once([folder], with_riders=riders, wait_for_company=True, owed=extra)
+                    if n == 0 and (riders or owed_now):
+                        _sync_all_at_once(
+                            [folder], with_riders=riders, wait_for_company=True, owed_folders=owed_now
+                        )
                     else:
                         _sync_now(folder)
         except OSError:
-            for folder in extra:
+            for folder in owed_now:
                 owed.add(folder)  # maybe not paid: still owed (the next fsync tries again)
             if ok:
                 raise
@@ -384,12 +386,12 @@ def _sync_all_at_once(
     *,
     with_riders: bool = False,
     wait_for_company: bool = False,
-    owed: Sequence[str] = (),
+    owed_folders: Sequence[str] = (),
 ) -> None:
     """fsync every folder concurrently (the first on this thread, the rest on helper
     threads; ``threads`` > 0: at most that many at a time); the first error is raised.
     ``with_riders``: commit the riders (the journals) beside them, as one more task;
-    ``owed``: owed folders (:class:`Owed`) beside them too.
+    ``owed_folders``: folders :data:`owed` handed over, fsynced beside them too.
 
     The caller takes tasks from the same list as its helpers, so it never waits on a
     helper that has not started: it cancels those (busy helpers mean fewer at once,
@@ -398,7 +400,7 @@ def _sync_all_at_once(
     todo: list[Callable[[], None]] = [
         functools.partial(_sync_now, f, wait_for_company=wait_for_company) for f in reversed(folders)
     ]
-    todo += [functools.partial(_sync_owed, f) for f in owed]
+    todo += [functools.partial(_sync_owed, f) for f in owed_folders]
     if with_riders:
         todo.append(commit_riders)  # popped first: this thread starts on it, helpers on the folders
     lock = threading.Lock()
