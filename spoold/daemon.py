@@ -256,6 +256,10 @@ class Daemon:
             self.wake.wait(min(left, 5.0))  # an inotify ring does not end a backoff early
         return False
 
+    def wake_within(self, seconds: float) -> None:
+        """Step again within ``seconds``, even if nothing arrives meanwhile."""
+        self._wake_in = seconds if self._wake_in is None else min(self._wake_in, seconds)
+
     def beat_soon(self) -> None:
         """Write the heartbeat in the next step (new limits to show, a proof of space)."""
         self._next_beat = 0.0
@@ -587,7 +591,7 @@ class Daemon:
             age = time.monotonic() - self._ready_since
             running = [j for j in self.slots if j not in self._waiting and j not in self._finished]
             if running and age < COMPANY and not self.stopping:
-                self._wake_in = COMPANY - age
+                self.wake_within(COMPANY - age)
                 return []
             ready, self._ready = self._ready, []
             self._ready_since = 0.0

@@ -250,6 +250,9 @@ class ConfigReload(Hook):
             return
         forced, self.hangups = daemon.hangups != self.hangups, daemon.hangups
         new, line = self.reloader.check(force=forced)
+        settling = self.reloader.settling()
+        if settling is not None:
+            daemon.wake_within(settling)  # an edit seen: applied once it has settled
         if line:
             quiet = new is not None or "nothing changed" in line
             (loop_log.info if quiet else loop_log.warning)("%s", line)

@@ -171,6 +171,7 @@ class Daemon:
         args = [SPOOLD, "run", "--spool", str(tree.root), "--worker", worker, "--log-level", "debug"]
         if drain:
             args.append("--drain")
+        self.worker = worker
         self.log = log or tree.root.parent / f"spoold-{worker}.log"
         self._logf = open(self.log, "ab")  # noqa: SIM115 - closed in wait()
         self.proc = subprocess.Popen(
@@ -212,9 +213,21 @@ class Daemon:
         return self.log.read_text(errors="replace")
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Keep each phase's report on the test item, so a fixture's teardown can see a failure."""
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
+
+
 @pytest.fixture()
-def daemons() -> Iterator[Callable[..., Daemon]]:
-    """Start real daemons; any still running at the end of the test are killed."""
+def daemons(request: pytest.FixtureRequest) -> Iterator[Callable[..., Daemon]]:
+    """Start real daemons; any still running at the end of the test are killed.
+
+    When the test failed, each daemon's log tail is printed (pytest shows it in the
+    report: a CI failure cannot be re-run to ask), after a live daemon has written
+    every thread's stack into it (SIGUSR1): a daemon stuck somewhere says where."""
     started: list[Daemon] = []
 
     def start(tree: Tree, worker: str = "w1", **kw: Any) -> Daemon:
@@ -223,9 +236,19 @@ def daemons() -> Iterator[Callable[..., Daemon]]:
         return d
 
     yield start
+    call = getattr(request.node, "report_call", None)
+    failed = call is not None and call.failed
     for d in started:
+        if failed and d.alive():
+            d.signal(signal.SIGUSR1)
+            deadline = time.monotonic() + 5
+            while "hread 0x" not in d.output() and time.monotonic() < deadline:
+                time.sleep(0.05)
         if d.alive():
             d.kill()
+        if failed:
+            tail = d.output().splitlines()[-120:]
+            print(f"--- the last {len(tail)} lines of daemon {d.worker}'s log ---", *tail, sep="\n")
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.05) -> Any:

@@ -269,7 +269,7 @@ def test_commands_refuse_a_bad_config_naming_the_key(tmp_path: Path):
 def test_reloader_applies_a_change_refuses_a_bad_file_once_and_notices_a_deleted_one(tmp_path: Path):
     path = tmp_path / "spool.toml"
     path.write_text("[limits]\nmax_active = 2\n")
-    r = config.Reloader(path, config.load(path))
+    r = config.Reloader(path, config.load(path), settle=0.0)
     assert r.check() == (None, None)
     path.write_text("[limits]\nmax_active = 4\n")
     new, line = r.check()
@@ -294,7 +294,7 @@ def test_a_refused_file_is_said_once_even_when_a_reload_is_asked_right_after(tmp
     forces a re-read of the same file: the refusal is said once; a new edit is news."""
     path = tmp_path / "spool.toml"
     path.write_text(config.template([str(tmp_path)]))
-    r = config.Reloader(path, config.load(path))
+    r = config.Reloader(path, config.load(path), settle=0.0)
     path.write_text(path.read_text() + '\n[limits]\nmax_active = "zero"\n')
     new, line = r.check()
     assert new is None and line is not None and "keeping the configuration loaded before" in line
@@ -302,3 +302,37 @@ def test_a_refused_file_is_said_once_even_when_a_reload_is_asked_right_after(tmp
     path.write_text(path.read_text() + "\n# still broken, but edited again\n")
     new, line = r.check(force=True)
     assert new is None and line is not None and "keeping the configuration loaded before" in line
+
+
+def test_an_edit_seen_between_truncate_and_write_is_applied_only_once_it_has_settled(tmp_path):
+    """An editor saving in place truncates, then writes: a loop looking in between must
+    not run on the empty file's defaults (no asset roots: every drop rejected)."""
+    path = tmp_path / "spool.toml"
+    good = config.template([str(tmp_path)])
+    assert "\nmax_active = 2 " in good
+    path.write_text(good)
+    now, settle = [0.0], 0.5  # exact in binary floats
+    r = config.Reloader(path, config.load(path), settle=settle, clock=lambda: now[0])
+    path.write_text("")  # the editor has truncated the file...
+    assert r.check() == (None, None) and r.cfg.assets.roots == [str(tmp_path)]
+    assert r.settling() == pytest.approx(settle)  # ...so the loop looks again then
+    now[0] += settle / 2
+    path.write_text(good.replace("\nmax_active = 2 ", "\nmax_active = 3 "))  # ...and written it
+    assert r.check() == (None, None)  # a new state: its own settle time starts
+    now[0] += settle / 2
+    assert r.check() == (None, None) and r.settling() == pytest.approx(settle / 2)
+    now[0] += settle / 2
+    new, line = r.check()
+    assert new is not None and new.limits.max_active == 3 and new.assets.roots == [str(tmp_path)]
+    assert line is not None and line.endswith(": changed limits.max_active")
+    assert r.settling() is None and r.check() == (None, None)
+    # An empty file that stays is the operator's: all defaults, once settled.
+    path.write_text("")
+    assert r.check() == (None, None)
+    now[0] += settle
+    new, line = r.check()
+    assert new is not None and new.assets.roots == [] and line is not None and "assets.roots" in line
+    # A SIGHUP says the edit is done: read at once.
+    path.write_text(good)
+    new, _ = r.check(force=True)
+    assert new is not None and new.assets.roots == [str(tmp_path)]

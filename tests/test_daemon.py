@@ -218,6 +218,7 @@ def test_sighup_rereads_spool_toml_and_a_bad_file_keeps_the_old_config(tree, ass
     # More loops (a drop accepted after the refusal proves them): said once, not every poll.
     _drop(tree, "after-refusal", minimal(assets, name="after-refusal"))
     wait_for(lambda: not (tree.incoming / "after-refusal.json").exists(), timeout=30)
+    assert not (tree.rejected / "after-refusal.json").exists()  # judged by the config kept
     assert d.output().count("keeping the configuration loaded before") == 1
     assert d.alive()
     record = json.loads(tree.worker_file(f"{HOST}-w1").read_text())

@@ -5,7 +5,9 @@ Operator limits live here and only here: nothing a job says can raise them.
 
 from __future__ import annotations
 
+import time
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -251,21 +253,42 @@ def changed_keys(old: Config, new: Config) -> list[str]:
 AT_START = ("daemon.watch", "filesystem.publish")
 
 
+#: Seconds a changed ``spool.toml`` must keep one state before a loop applies it. An
+#: editor that saves in place (nano, ``echo >``, vim with ``backupcopy``) truncates the
+#: file and then writes it: a loop looking between the two would read an empty file as
+#: every default (no asset roots: every drop rejected) until the next look.
+SETTLE = 0.2
+
+
 class Reloader:
     """Keeps a long-lived process's config in step with ``spool.toml``.
 
     :meth:`check` is cheap (one ``stat``) and is called every loop: a changed
-    file is re-read and validated; a file that no longer parses, or that was
-    deleted, keeps the config in use and says so once (until it changes
-    again). ``force`` (SIGHUP) re-reads even an unchanged file.
+    file is re-read and validated once it has kept one state for :data:`SETTLE`
+    seconds (:meth:`settling` says when to look again); a file that no longer
+    parses, or that was deleted, keeps the config in use and says so once (until
+    it changes again). ``force`` (SIGHUP: the operator says the edit is done)
+    re-reads at once, even an unchanged file.
     """
 
-    def __init__(self, path: Path, cfg: Config) -> None:
+    def __init__(
+        self, path: Path, cfg: Config, *, settle: float = SETTLE, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.path = path
         self.cfg = cfg
+        self.settle = settle
+        self._clock = clock
         self._sig = self._signature()
         self._told: object = self._sig  # the file state last reported on
         self._refused: object = None  # the file state last refused
+        self._seen: object = self._sig  # the file state last looked at, and since when
+        self._seen_at = clock()
+
+    def settling(self) -> float | None:
+        """Seconds until a change seen but not applied yet has settled (``None``: none)."""
+        if self._seen == self._sig:
+            return None
+        return max(0.0, self._seen_at + self.settle - self._clock())
 
     def _signature(self) -> tuple[int, int, int, int] | None:
         try:
@@ -279,8 +302,12 @@ class Reloader:
     def check(self, force: bool = False) -> tuple[Config | None, str | None]:
         """(the new config if it changed, one line for the log or ``None``)."""
         sig = self._signature()
+        if sig != self._seen:
+            self._seen, self._seen_at = sig, self._clock()
         if sig == self._sig and not force:
             return None, None
+        if not force and self._clock() - self._seen_at < self.settle:
+            return None, None  # maybe an editor between truncating and writing: look again
         self._sig = sig
         if sig is None:
             if self._told is None and not force:
