@@ -177,14 +177,16 @@ def test_multimount_is_idempotent_and_down_leaves_nothing(nas, tmp_path):
 
 def test_a_folder_fsync_over_sshfs_is_skipped_and_a_local_one_is_real(nas, tmp_path, monkeypatch):
     # SFTP cannot sync a folder: over sshfs the fsync is answered in the kernel, and the
-    # open and close around it are two round trips. Only the first call opens the folder
-    # (to learn its filesystem); the local folder is fsynced every time.
+    # open and close around it are two round trips. The remote folder is never opened
+    # (a stat learns its device; the mount table is read once per device, not once per
+    # new folder); the local folder is fsynced every time.
     remote, local = nas.a / "fsync-probe", tmp_path / "fsync-probe"
     remote.mkdir()
     local.mkdir()
     opened: list[str] = []
     synced: list[str] = []
-    real_open, real_fsync = os.open, os.fsync
+    tables: list[str] = []
+    real_open, real_fsync, real_mount_of = os.open, os.fsync, durable.mount_of
 
     def counting_open(path, flags, *a, **kw):
         if flags & os.O_DIRECTORY:
@@ -195,13 +197,24 @@ def test_a_folder_fsync_over_sshfs_is_skipped_and_a_local_one_is_real(nas, tmp_p
         synced.append(os.readlink(f"/proc/self/fd/{fd}"))
         return real_fsync(fd)
 
+    def counting_mount_of(path, *a, **kw):
+        tables.append(os.fspath(path))
+        return real_mount_of(path, *a, **kw)
+
     monkeypatch.setattr(os, "open", counting_open)
     monkeypatch.setattr(os, "fsync", counting_fsync)
+    monkeypatch.setattr(durable, "mount_of", counting_mount_of)
+    monkeypatch.setattr(durable, "_folder_fsync_on", {}, raising=False)  # as a fresh process
     for _ in range(3):
         durable.fsync_folder_now(remote)
         durable.fsync_folder_now(local)
     assert synced == [str(local)] * 3
-    assert opened.count(str(remote)) == 1 and opened.count(str(local)) == 3
+    assert opened.count(str(remote)) == 0 and opened.count(str(local)) == 3
+    others = [nas.a / f"fsync-probe-{k}" for k in range(3)]  # new folders on the same mount
+    for folder in others:
+        folder.mkdir()
+        durable.fsync_folder_now(folder)
+    assert tables == [str(remote)] and not set(opened) & {str(f) for f in others}
 
 
 def test_doctor_on_the_network_mount_with_a_peer(nas):

@@ -214,6 +214,23 @@ def fsync_dir(path: Path, after: Path | None = None) -> None:
 NO_FOLDER_FSYNC_FS = frozenset({"fuse.sshfs"})
 #: folder -> whether its fsync reaches its filesystem (asked once per folder; bounded).
 _folder_fsync_in: dict[str, bool] = {}
+#: device -> the same, for filesystems without a block device (FUSE, NFS: major 0).
+_folder_fsync_on: dict[int, bool] = {}
+
+
+def _folder_fsync_reaches(folder: str) -> bool:
+    """Whether a folder's fsync reaches its filesystem: one ``stat`` (not an open: over
+    sshfs that is two round trips), then the mount table once per device. A block
+    device's filesystem is never one of :data:`NO_FOLDER_FSYNC_FS`; a FUSE mount's folders
+    share its device number, so each new folder there (a store shard, say: 256 on a
+    fresh daemon) costs no read of the mount table (~0.4 ms)."""
+    dev = os.stat(folder).st_dev
+    if os.major(dev) != 0:
+        return True
+    reaches = _folder_fsync_on.get(dev)
+    if reaches is None:
+        reaches = _folder_fsync_on[dev] = mount_of(Path(folder)).fstype not in NO_FOLDER_FSYNC_FS
+    return reaches
 
 
 def fsync_folder_now(folder: str | Path) -> None:
@@ -221,20 +238,15 @@ def fsync_folder_now(folder: str | Path) -> None:
     except where the filesystem cannot sync a folder at all (:data:`NO_FOLDER_FSYNC_FS`)."""
     key = os.fspath(folder)
     reaches = _folder_fsync_in.get(key)
-    if reaches is False:
+    if reaches is None:
+        if len(_folder_fsync_in) >= 4096:
+            _folder_fsync_in.clear()
+        reaches = _folder_fsync_in[key] = _folder_fsync_reaches(key)
+    if not reaches:
         return
     fd = os.open(key, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        if reaches is None:
-            if len(_folder_fsync_in) >= 4096:
-                _folder_fsync_in.clear()
-            # A block device's filesystem (a major number) is never one of them: no need
-            # to read the mount table (~0.4 ms) for each new folder on a local disk.
-            dev = os.fstat(fd).st_dev
-            reaches = os.major(dev) != 0 or mount_of(Path(key)).fstype not in NO_FOLDER_FSYNC_FS
-            _folder_fsync_in[key] = reaches
-        if reaches:
-            os.fsync(fd)
+        os.fsync(fd)
     finally:
         os.close(fd)
 
