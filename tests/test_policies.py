@@ -124,6 +124,8 @@ def test_a_changed_spool_toml_is_applied_and_a_hangup_forces_a_reread(tree, capl
     d, _ = _daemon(tree)
     cfg = d.cfg
     reload = policies.ConfigReload(tree, cfg)
+    now = [0.0]
+    reload.reloader = config.Reloader(tree.config_file, cfg, clock=lambda: now[0])
     d.hooks = [reload]
     reload.before_step(d)
     assert d.cfg is cfg, "nothing changed, nothing applied"
@@ -133,6 +135,11 @@ def test_a_changed_spool_toml_is_applied_and_a_hangup_forces_a_reread(tree, capl
     reload.before_step(d)
     assert d.cfg is cfg, "a stopping daemon reloads nothing"
     d.stopping = False
+    d._wake_in = None
+    reload.before_step(d)
+    assert d.cfg is cfg, "an edit just seen may be half-written: not applied yet"
+    assert d._wake_in == config.SETTLE, "the loop looks again once it has settled"
+    now[0] += config.SETTLE
     reload.before_step(d)
     assert d.cfg.limits.max_active == 5 and d.ctx.cfg is d.cfg
     assert d.heartbeat.rec.max_active == 5 and d.arrivals.quiet == 3.0
