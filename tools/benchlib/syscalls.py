@@ -18,7 +18,10 @@ Counted (every call, failed ones too): ``fsync``, ``fdatasync``, ``rename``
 (rename/renameat/renameat2), ``open`` (open/openat/openat2), ``stat``
 (stat/lstat/newfstatat/statx: recent glibc makes ``fstat`` a
 ``newfstatat(fd, "")``, so opens bring one each) and ``write``
-(write/pwrite64/writev). Calls of child processes (FFmpeg, ffprobe: any
+(write/pwrite64/writev), ``mkdir`` (mkdir/mkdirat) and, derived from those, ``creates``:
+the mkdirs and the opens with ``O_CREAT`` or ``O_TMPFILE``, that is, the new inodes a job
+costs (on this VM one costs from 13 us to 450 us, up to three fsyncs: see
+docs/benchmarks.md). Calls of child processes (FFmpeg, ffprobe: any
 traced process that ``execve``s) are counted apart, as the peer column: they
 are the render's own work, not spool's.
 """
@@ -53,9 +56,13 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "open": ("open", "openat", "openat2"),
     "stat": ("stat", "lstat", "newfstatat", "statx"),
     "write": ("write", "pwrite64", "writev"),
+    "mkdir": ("mkdir", "mkdirat"),
 }
 _FAMILY_OF = {call: fam for fam, calls in FAMILIES.items() for call in calls}
 TRACE = ",".join(sorted({*_FAMILY_OF, "execve"}))
+#: Counted as well: new names that are new inodes (a folder, a file created or unnamed).
+CREATES = "creates"
+COUNTED = (*FAMILIES, CREATES)
 
 #: The start-up filesystem probe's folder (its calls are left out: they vary with time).
 PROBE = "/.doctor/"
@@ -93,10 +100,13 @@ def count_trace(path: Path) -> tuple[Counter[str], Counter[str]]:
     calls = [c for c in calls if PROBE not in c[2]]
     own: Counter[str] = Counter()
     kids: Counter[str] = Counter()
-    for pid, name, _ in calls:
+    for pid, name, line in calls:
         fam = _FAMILY_OF.get(name)
         if fam is not None:
-            (kids if pid in children else own)[fam] += 1
+            tally = kids if pid in children else own
+            tally[fam] += 1
+            if fam == "mkdir" or (fam == "open" and ("O_CREAT" in line or "O_TMPFILE" in line)):
+                tally[CREATES] += 1
     return own, kids
 
 
@@ -161,16 +171,16 @@ def per_job(kind: str, n: int, mode: str, fmt: int = 2) -> dict[str, dict[str, f
                 raise RuntimeError(f"syscalls: {done} of {jobs} {kind} jobs completed; see {d}")
     (own1, kid1), (own0, kid0) = loaded["loaded"], loaded["empty"]
     return {
-        "own": {f: (own1[f] - own0[f]) / n for f in FAMILIES},
-        "children": {f: (kid1[f] - kid0[f]) / n for f in FAMILIES},
+        "own": {f: (own1[f] - own0[f]) / n for f in COUNTED},
+        "children": {f: (kid1[f] - kid0[f]) / n for f in COUNTED},
     }
 
 
 def keys(mode: str) -> list[str]:
     """The rows this measure promises (the smoke test checks every one is printed)."""
     return [
-        *(f"syscalls.{kind}.{f}" for kind in ("noop", "render") for f in ("fsyncs", *FAMILIES)),
-        *(f"syscalls.noop_format1.{f}" for f in ("fsyncs", *FAMILIES)),
+        *(f"syscalls.{kind}.{f}" for kind in ("noop", "render") for f in ("fsyncs", *COUNTED)),
+        *(f"syscalls.noop_format1.{f}" for f in ("fsyncs", *COUNTED)),
     ]
 
 
@@ -187,11 +197,11 @@ def run(mode: str) -> tuple[list[Row], list[str]]:
             samples.append(got)
             log(
                 f"syscalls: {kind} round {r + 1}/{rounds}, {n} jobs: "
-                + ", ".join(f"{f} {got['own'][f]:.1f}" for f in FAMILIES)
+                + ", ".join(f"{f} {got['own'][f]:.1f}" for f in COUNTED)
                 + " per job"
             )
-        own = {f: median([s["own"][f] for s in samples]) for f in FAMILIES}
-        kids = {f: median([s["children"][f] for s in samples]) for f in FAMILIES}
+        own = {f: median([s["own"][f] for s in samples]) for f in COUNTED}
+        kids = {f: median([s["children"][f] for s in samples]) for f in COUNTED}
         where = "2 workers x 4 slots" if kind_run == "noop" else "1 worker"
         what = {"noop": "no-op", "render": "render", "noop_format1": "no-op (tree format 1: before)"}[kind]
         total = own["fsync"] + own["fdatasync"]
@@ -209,11 +219,12 @@ def run(mode: str) -> tuple[list[Row], list[str]]:
                 "FFmpeg/ffprobe children apart (peer column)",
             )
         )
-        for f in FAMILIES:
+        for f in COUNTED:
+            name = "new inodes (mkdir, O_CREAT, O_TMPFILE)" if f == CREATES else f
             rows.append(
                 Row(
                     key=f"syscalls.{kind}.{f}",
-                    measure=f"  {f} per {what} job",
+                    measure=f"  {name} per {what} job",
                     unit="calls",
                     spool=own[f],
                     peer="FFmpeg/ffprobe children" if kind == "render" else "",
