@@ -232,14 +232,14 @@ def test_syscall_counts_tell_new_inodes_from_other_opens(tmp_path):
 
     trace = tmp_path / "trace"
     trace.write_text(
-        "10 openat(AT_FDCWD</s>, \"/s/pending/.j.tmp\", O_WRONLY|O_CREAT|O_EXCL|O_CLOEXEC, 0644) = 5\n"
-        "10 openat(AT_FDCWD</s>, \"/s/manifests\", O_WRONLY|O_TMPFILE|O_CLOEXEC, 0644) = 6\n"
-        "10 openat(AT_FDCWD</s>, \"/s/pending/j.json\", O_RDONLY|O_CLOEXEC) = 7\n"
-        "10 mkdir(\"/s/attempts/j\", 0777) = 0\n"
-        "10 mkdirat(AT_FDCWD</s>, \"/s/attempts/j/.new\", 0777 <unfinished ...>\n"
+        '10 openat(AT_FDCWD</s>, "/s/pending/.j.tmp", O_WRONLY|O_CREAT|O_EXCL|O_CLOEXEC, 0644) = 5\n'
+        '10 openat(AT_FDCWD</s>, "/s/manifests", O_WRONLY|O_TMPFILE|O_CLOEXEC, 0644) = 6\n'
+        '10 openat(AT_FDCWD</s>, "/s/pending/j.json", O_RDONLY|O_CLOEXEC) = 7\n'
+        '10 mkdir("/s/attempts/j", 0777) = 0\n'
+        '10 mkdirat(AT_FDCWD</s>, "/s/attempts/j/.new", 0777 <unfinished ...>\n'
         "10 fsync(5</s/pending/.j.tmp>) = 0\n"
-        "11 execve(\"/usr/bin/ffmpeg\", [\"ffmpeg\"], 0x0 /* 1 var */) = 0\n"
-        "11 openat(AT_FDCWD, \"/s/attempts/j/1/work/out.mp4\", O_RDWR|O_CREAT|O_TRUNC, 0666) = 3\n"
+        '11 execve("/usr/bin/ffmpeg", ["ffmpeg"], 0x0 /* 1 var */) = 0\n'
+        '11 openat(AT_FDCWD, "/s/attempts/j/1/work/out.mp4", O_RDWR|O_CREAT|O_TRUNC, 0666) = 3\n'
     )
     own, kids = syscalls.count_trace(trace)
     assert own["creates"] == 4 and own["open"] == 3 and own["mkdir"] == 2 and own["fsync"] == 1
