@@ -215,6 +215,8 @@ class Backoff(Hook):
                 self.backoff.first,
                 self.backoff.most,
             )
+        else:  # said once above; each retry only at debug level
+            loop_log.debug("the spool's disk is still full; trying to %s again in %g s", what, wait)
         daemon.pause(wait, "disk full: waiting for space to " + what)
 
     def _disk_full(self, daemon: Daemon, exc: Exception) -> None:
@@ -230,8 +232,11 @@ class Backoff(Hook):
                 daemon.heartbeat.beat(active=list(daemon.slots), state="disk_full")
             except OSError:
                 pass
+        wait = self.backoff.next()
+        if self.backoff.failures > 1:  # said once above; each retry only at debug level
+            loop_log.debug("the spool's disk is still full; trying again in %g s", wait)
         daemon.beat_soon()  # each retry tries to write the heartbeat: the proof of space
-        daemon.pause(self.backoff.next(), "disk full: " + diskfull.describe(exc))
+        daemon.pause(wait, "disk full: " + diskfull.describe(exc))
 
 
 class ConfigReload(Hook):
