@@ -228,12 +228,15 @@ def test_events_until_waits_for_a_job_to_finish(tree, assets, daemons):
         stdout=subprocess.PIPE,
         text=True,
     )
-    time.sleep(0.5)
-    assert waiter.poll() is None  # still waiting: the job is only pending
+    assert waiter.stdout is not None
+    assert select.select([waiter.stdout], [], [], 30)[0], "no history printed within 30 s"
+    first = waiter.stdout.readline()  # the history so far is printed: now it waits
+    assert json.loads(first)["to"] == "pending" and waiter.poll() is None
     daemons(tree, "w1", drain=True)
     out, _ = waiter.communicate(timeout=60)
     assert waiter.returncode == 0
-    assert [json.loads(x)["to"] for x in out.splitlines()] == ["pending", "running", "complete"]
+    # A waiter that had ended at "pending" would miss the rest.
+    assert [json.loads(x)["to"] for x in [first, *out.splitlines()]] == ["pending", "running", "complete"]
     # Already there: returns at once with the history.
     again = run_cli("events", "--job", jid, "--until", "complete", spool=tree, check=True)
     assert again.stdout.splitlines()[-1].split("  ")[2] == "running -> complete"
