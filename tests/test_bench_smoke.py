@@ -62,3 +62,31 @@ def test_bench_quick_prints_every_row(tmp_path: Path, request: pytest.FixtureReq
         pytest.skip("tools/bench --quick takes minutes; run it with -m slow or SPOOL_BENCH_QUICK=1")
     proc, report = run_bench(tmp_path, "--quick", timeout=1800)
     assert_every_row_printed(proc, report, "quick")
+
+
+def test_timeline_times_each_step_of_a_job_inside_the_daemon(tmp_path: Path) -> None:
+    """tools/timeline.py: both measures run to the end on a few jobs, and each names the
+    steps it promises (its figures are not asserted: only that the daemon's own functions
+    and fsyncs were recorded and put in order)."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "timeline.py"), "--jobs", "12", "--dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    claim, cycle = proc.stdout.split("\ncycle: ")
+    assert claim.startswith("drop-to-claim: 12 jobs one at a time")
+    steps = [line.split()[-1] for line in claim.splitlines()[2:]]
+    # In the order a claim takes them: the job file durable, acceptance told, then the claim.
+    for earlier, later in [
+        ("accept.accept_incoming", "S/pending/#new"),
+        ("S/pending/#new", "accept.keep_submission"),
+        ("accept.keep_submission", "claim.claim"),
+        ("claim.claim", "execute.started"),
+    ]:
+        assert steps.index(earlier) < steps.index(later), steps
+    assert "12 jobs drained by 1 daemon x 1 slot" in cycle
+    for step in ("publish.commit", "S/complete", "S/attempts/J/1/work/J.txt"):
+        assert any(line.endswith(step) for line in cycle.splitlines()), (step, cycle)
+    assert list(tmp_path.iterdir()) == []  # its scratch spools removed
