@@ -71,6 +71,13 @@ WRAPPED = (
     ("spool.queue.execute", "started"),
     ("spool.queue.execute", "run_to_ready"),
     ("spool.queue.publish", "prepare"),
+    ("spool.queue.publish", "_stored"),
+    ("spool.queue.publish", "_manifest"),
+    ("spool.queue.publish", "stage_result"),
+    ("spool.queue.publish", "Prepared"),
+    ("spool.disk.store", "put"),
+    ("spool.queue.execute", "gate"),
+    ("spool.kinds.noop", "Noop.produce"),
     ("spool.queue.publish", "commit"),
     ("spool.queue.publish", "_index_batch"),
     ("spool.queue.publish", "complete"),
@@ -280,16 +287,21 @@ def main() -> int:
     ap.add_argument("--src", type=Path, default=ROOT, help="the source tree whose daemon runs")
     args = ap.parse_args()
     measures = ("drop-to-claim", "cycle") if args.measure == "both" else (args.measure,)
-    for name in measures:
-        where = Path(tempfile.mkdtemp(prefix="spool-timeline-", dir=args.dir))
-        try:
+    scratch: list[Path] = []
+    try:
+        for name in measures:
+            where = Path(tempfile.mkdtemp(prefix="spool-timeline-", dir=args.dir))
+            scratch.append(where)
             if name == "drop-to-claim":
                 out = drop_to_claim(args.src.resolve(), where, args.jobs or 150)
             else:
                 out = cycle(args.src.resolve(), where, args.jobs or 600)
-        finally:
+            print("\n".join(out), flush=True)
+    finally:
+        # Removed only at the end: on a disk mounted with -o discard, removing thousands of
+        # files slowed the runs right after it up to 3x (docs/benchmarks.md).
+        for where in scratch:
             shutil.rmtree(where, ignore_errors=True)
-        print("\n".join(out), flush=True)
     return 0
 
 
