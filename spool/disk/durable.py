@@ -214,15 +214,16 @@ def fsync_dir(path: Path, after: Path | None = None) -> None:
 NO_FOLDER_FSYNC_FS = frozenset({"fuse.sshfs"})
 #: folder -> whether its fsync reaches its filesystem (asked once per folder; bounded).
 _folder_fsync_in: dict[str, bool] = {}
-#: device -> the same, for filesystems without a block device (FUSE, NFS: major 0).
+#: device -> the same, for filesystems without a block device (major 0: FUSE, NFS, tmpfs,
+#: btrfs, ZFS, overlayfs).
 _folder_fsync_on: dict[int, bool] = {}
 
 
 def _folder_fsync_reaches(folder: str) -> bool:
     """Whether a folder's fsync reaches its filesystem: one ``stat`` (not an open: over
     sshfs that is two round trips), then the mount table once per device. A block
-    device's filesystem is never one of :data:`NO_FOLDER_FSYNC_FS`; a FUSE mount's folders
-    share its device number, so each new folder there (a store shard, say: 256 on a
+    device's filesystem is never one of :data:`NO_FOLDER_FSYNC_FS`; the folders of any other
+    mount share its device number, so each new folder there (a store shard, say: 256 on a
     fresh daemon) costs no read of the mount table (~0.4 ms)."""
     dev = os.stat(folder).st_dev
     if os.major(dev) != 0:
