@@ -90,3 +90,11 @@ def test_timeline_times_each_step_of_a_job_inside_the_daemon(tmp_path: Path) -> 
     for step in ("publish.commit", "S/complete", "S/attempts/J/1/work/J.txt"):
         assert any(line.endswith(step) for line in cycle.splitlines()), (step, cycle)
     assert list(tmp_path.iterdir()) == []  # its scratch spools removed
+
+
+def test_the_create_probe_times_new_inodes_and_leaves_nothing(tmp_path: Path) -> None:
+    from benchlib.common import create_probe  # tools/ is on sys.path (conftest)
+
+    files, folders = create_probe(tmp_path, n=5)
+    assert files > 0 and folders > 0
+    assert list(tmp_path.iterdir()) == []

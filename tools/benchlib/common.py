@@ -178,6 +178,27 @@ def pair_ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:
     return [x / y for x, y in zip(a, b, strict=True) if y > 0]
 
 
+def create_probe(folder: Path, n: int = 40) -> tuple[float, float]:
+    """What a new inode costs on ``folder``'s filesystem right now, in us: the medians of
+    ``n`` file creations (``O_CREAT|O_EXCL``, then close) and of ``n`` mkdirs, in a fresh
+    folder (removed after). On the VM these benchmarks were made on, one cost 13-450 us
+    from one minute to the next, up to three fsyncs; a job makes several (tools/bench
+    syscalls counts them), so a ratio against a floor that makes one moves with it."""
+    scratch = Path(tempfile.mkdtemp(prefix=".create-probe-", dir=folder))
+    files, dirs = [], []
+    try:
+        for i in range(n):
+            t0 = time.perf_counter()
+            os.close(os.open(scratch / f"f{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            files.append((time.perf_counter() - t0) * 1e6)
+            t0 = time.perf_counter()
+            os.mkdir(scratch / f"d{i}")
+            dirs.append((time.perf_counter() - t0) * 1e6)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return statistics.median(files), statistics.median(dirs)
+
+
 def fsync_probe(folder: Path, n: int = 9) -> float:
     """The filesystem's fsync latency right now, in ms: the median of ``n`` rounds of
     (write a small file, fsync it, fsync its folder) in ``folder``. Taken before each run
