@@ -232,8 +232,9 @@ class Backoff(Hook):
                 daemon.heartbeat.beat(active=list(daemon.slots), state="disk_full")
             except OSError:
                 pass
-        wait = self.backoff.next()
-        if self.backoff.failures > 1:  # said once above; each retry only at debug level
+            wait = self.backoff.next()
+        else:  # said once above; each retry only at debug level
+            wait = self.backoff.next()
             loop_log.debug("the spool's disk is still full; trying again in %g s", wait)
         daemon.beat_soon()  # each retry tries to write the heartbeat: the proof of space
         daemon.pause(wait, "disk full: " + diskfull.describe(exc))

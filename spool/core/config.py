@@ -302,11 +302,13 @@ class Reloader:
     def check(self, force: bool = False) -> tuple[Config | None, str | None]:
         """(the new config if it changed, one line for the log or ``None``)."""
         sig = self._signature()
-        if sig != self._seen:
-            self._seen, self._seen_at = sig, self._clock()
         if sig == self._sig and not force:
+            self._seen = sig  # back as it was (or never changed): nothing waits to settle
             return None, None
-        if not force and self._clock() - self._seen_at < self.settle:
+        now = self._clock()
+        if sig != self._seen:
+            self._seen, self._seen_at = sig, now
+        if not force and now - self._seen_at < self.settle:
             return None, None  # maybe an editor between truncating and writing: look again
         self._sig = sig
         if sig is None:
