@@ -28,14 +28,13 @@ from types import FrameType
 from spool import doctor, kinds
 from spool.core.config import Config
 from spool.core.faults import crashpoint
-from spool.core.model import Event, JobBase, PoolUse
+from spool.core.model import Event, PoolUse
 from spool.disk import diskfull, formats, groupcommit
 from spool.disk.tree import Tree, commit_riders, make_dirs, visible_names
 from spool.kinds import capacities
 from spool.kinds.pools import Pools
 from spool.queue import accept, claim, depends, execute, publish, quarantine
 from spool.queue.arrivals import Arrivals
-from spool.queue.attempt import Attempt, NotYet
 from spool.queue.events import Journal
 from spool.queue.execute import Context
 from spool.queue.publish import Ready
@@ -514,23 +513,21 @@ class Daemon:
         claiming = self.quarantined is None and not self.stopping
         if not ready and (not claiming or self.pools.full()):
             return
-        claimed: list[tuple[str, str]] = []
-        opened: dict[str, tuple[JobBase, Attempt] | quarantine.Damaged | str | None] = {}
+        claimed: list[tuple[str, str, bool]] = []
         rooms = self._gates() if claiming else {}
         for r in ready:
             self._release(r.job_id)  # its attempt is done: its slot is free for a claim
         try:
             if claiming:
-                # The claims' folder fsyncs, once for all (and each claim's attempt folder:
-                # format 2 opens them here), then they start.
+                # The claims' folder fsyncs, once for all, then they start.
                 with groupcommit.together(at_once=v2):
-                    self._claim_batch(claimed, rooms, opened if v2 else None)
+                    self._claim_batch(claimed, rooms)
         except BaseException:
             # Claimed or ready but maybe not durable: none starts or is told; recovered by
             # evidence, as at a restart.
-            self._orphan([*(r.job_id for r in ready), *(j for j, _ in claimed)])
+            self._orphan([*(r.job_id for r in ready), *(j for j, _, _ in claimed)])
             raise
-        self._start_claimed(claimed, opened, v2)
+        self._start_claimed(claimed, v2)
         if not ready:
             return
         try:
@@ -550,35 +547,19 @@ class Daemon:
                 self._finished.add(jid)
                 self._waiting.discard(jid)
 
-    def _start_claimed(
-        self,
-        claimed: list[tuple[str, str]],
-        opened: dict[str, tuple[JobBase, Attempt] | quarantine.Damaged | str | None],
-        v2: bool,
-    ) -> None:
-        """Start the jobs of a durable claim batch (a thread each, or the driver)."""
-        for jid, pool in claimed:
+    def _start_claimed(self, claimed: list[tuple[str, str, bool]], v2: bool) -> None:
+        """Start the jobs of a durable claim batch (a thread each, or the driver). A slot
+        job's thread opens its attempt itself: the loop thread, which every claim and
+        publish of this daemon goes through, makes no round trip of any one job's (on a NAS
+        the attempt's folders and record were a third of the loop's time a job)."""
+        for jid, pool, first in claimed:
             kind = kinds.owner_of_pool(pool)
+            crashpoint("after_claim")
             if kind.runner == "driven":
-                crashpoint("after_claim")
                 self.driver.take(jid, kind)  # no thread, no render slot: stepped by the driver
                 continue
-            if not v2:
-                crashpoint("after_claim")
-                self.slots[jid] = self.threads.run(f"job-{jid}", partial(self._run_job, jid))
-                continue
-            got = opened.get(jid)
-            if isinstance(got, tuple):
-                job, attempt = got
-                execute.started(self.ctx, jid, attempt)
-                self.slots[jid] = self.threads.run(f"job-{jid}", partial(self._run_slot, jid, job, attempt))
-                continue
-            if isinstance(got, str):
-                outcome = got  # given back before its attempt opened (early)
-            else:
-                outcome = "lost" if got is None else execute.quarantined(self.ctx, jid, got)
-            log.info("%s: %s", jid, outcome)
-            self.slots[jid] = self._done_slot(jid)
+            run = partial(self._run_slot, jid, first) if v2 else partial(self._run_job, jid)
+            self.slots[jid] = self.threads.run(f"job-{jid}", run)
 
     def _take_ready(self) -> list[Ready]:
         """The prepared publishes to commit now, or none yet: while other attempts of this
@@ -641,14 +622,12 @@ class Daemon:
 
     def _claim_batch(
         self,
-        claimed: list[tuple[str, str]],
+        claimed: list[tuple[str, str, bool]],
         rooms: dict[str, int],
-        opened: dict[str, tuple[JobBase, Attempt] | quarantine.Damaged | str | None] | None = None,
     ) -> None:
-        """Claim into free slots (inside the caller's batch). ``opened`` (format 2): each
-        claim of a slot kind is checked and its attempt opened here, inside the batch, without
-        an fsync of ``attempts/J/`` of its own: what a power cut takes of it (the attempt's
-        folder, the frozen copy's name) fsck restores from the manifest and the job file."""
+        """Claim into free slots (inside the caller's batch): (job, pool, first) each, where
+        ``first`` says this daemon accepted the job and knows of no attempt of it (its
+        attempt is numbered 1 without a listing: :func:`spool.queue.attempt.open_attempt`)."""
         for jid in self.index.ordered():
             if self.stopping or self.pools.full():
                 break
@@ -678,22 +657,9 @@ class Daemon:
             call(self.hooks, "claimed", self, jid)
             self.reserved[jid] = need
             self.pools.take(jid, pool)
-            claimed.append((jid, pool))
+            claimed.append((jid, pool, first))
             if room is not None:
                 rooms[pool] = room - 1
-            if opened is not None and kinds.owner_of_pool(pool).runner != "driven":
-                crashpoint("after_claim")
-                loaded = execute.load_claimed(self.ctx, jid)
-                if isinstance(loaded, JobBase):
-                    try:
-                        attempt = execute.open_claimed(self.ctx, jid, durable=False, first=first)
-                    except NotYet as early:
-                        opened[jid] = execute.give_back(self.ctx, early)
-                        continue
-                    crashpoint("after_attempt_dir")
-                    opened[jid] = (loaded, attempt)
-                else:
-                    opened[jid] = loaded  # damaged (quarantined after the batch) or gone
 
     def _run_job(self, jid: str) -> None:
         try:
@@ -714,11 +680,17 @@ class Daemon:
                 self._finished.add(jid)
             self.wake.set()
 
-    def _run_slot(self, jid: str, job: JobBase, attempt: Attempt) -> None:
-        """Format 2: a slot kind's attempt up to its publish, which the loop commits with
-        the others that end close together (:meth:`_fill_slots`)."""
+    def _run_slot(self, jid: str, first: bool) -> None:
+        """Format 2: a slot kind's attempt, opened on this thread, up to its publish, which
+        the loop commits with the others that end close together (:meth:`_fill_slots`)."""
         handed = False
         try:
+            started = execute.start(self.ctx, jid, first=first)
+            if isinstance(started, str):  # it can never run (quarantined), gone, or early
+                log.info("%s: %s", jid, started)
+                call(self.hooks, "attempt_ended", self, jid, started)
+                return
+            job, attempt = started
             got = execute.run_to_ready(self.ctx, job, attempt)
             if isinstance(got, Ready):
                 # Said before the hand-over, so it precedes the next claim of this slot.

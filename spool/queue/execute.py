@@ -78,20 +78,22 @@ def execute(ctx: Context, job_id: str) -> str:
     return "complete"
 
 
-def start(ctx: Context, job_id: str, *, durable: bool | None = None) -> tuple[JobBase, Attempt] | str:
+def start(
+    ctx: Context, job_id: str, *, durable: bool | None = None, first: bool = False
+) -> tuple[JobBase, Attempt] | str:
     """Open the attempt of a job this worker has just claimed (the same for every kind
-    and runner), or the outcome if it can never run (``quarantined``, ``lost``).
+    and runner), or the outcome if it can never run (``quarantined``, ``lost``, ``early``).
 
     ``durable``: whether the attempt's record is fsynced before it starts (format 1
     always; format 2 only where asked: a driven kind's attempt writes durable states
-    of its own into it). See :mod:`spool.queue.attempt`."""
+    of its own into it). ``first``: see :func:`spool.queue.attempt.open_attempt`."""
     loaded = load_claimed(ctx, job_id)
     if isinstance(loaded, quarantine.Damaged):
         return _quarantine(ctx, job_id, loaded)
     if loaded is None:
         return "lost"  # gone from running/W: taken over meanwhile
     try:
-        attempt = open_claimed(ctx, job_id, durable=durable)
+        attempt = open_claimed(ctx, job_id, durable=durable, first=first)
     except NotYet as early:
         return give_back(ctx, early)
     crashpoint("after_attempt_dir")
@@ -112,8 +114,7 @@ def load_claimed(ctx: Context, job_id: str) -> JobBase | quarantine.Damaged | No
 
 def open_claimed(ctx: Context, job_id: str, *, durable: bool | None = None, first: bool = False) -> Attempt:
     """The attempt of a claim (see :func:`start` for ``durable``, and
-    :func:`spool.queue.attempt.open_attempt` for ``first``); inside the daemon's claim
-    batch, its folder's fsync is the batch's. Raises :class:`~spool.queue.attempt.NotYet`
+    :func:`spool.queue.attempt.open_attempt` for ``first``). Raises :class:`~spool.queue.attempt.NotYet`
     for a claim made before the job's retry delay was over (see :func:`give_back`)."""
     if durable is None:
         durable = formats.writing(ctx.tree.root) == 1
@@ -134,12 +135,6 @@ def started(ctx: Context, job_id: str, attempt: Attempt) -> None:
     """Tell that an attempt started (once its claim and folder are durable)."""
     ctx.journal.record(job_id, "running", from_="pending", attempt=attempt.n, reason="claimed")
     log.info("%s: attempt %d started", job_id, attempt.n)
-
-
-def quarantined(ctx: Context, job_id: str, damage: quarantine.Damaged) -> str:
-    """A claimed job file that can never run leaves the queue (outside any batch: its
-    reason is durable before the move)."""
-    return _quarantine(ctx, job_id, damage)
 
 
 def finish(ctx: Context, job: JobBase, attempt: Attempt, made: Produced) -> None:
