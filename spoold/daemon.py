@@ -395,12 +395,13 @@ class Daemon:
         self.beat_soon()
 
     def _intake_due(self, now: float) -> bool:
-        """Whether this step lists ``incoming/``: while a drop seen (by the watcher's
-        events or a listing) has not been taken, and at least every ``poll_interval`` (another
-        host's drops raise no event here; a polled drop is taken within incoming_quiet +
-        poll_interval, as documented). Not at every step: a loop steps several times a
-        job, and on a NAS each listing is four round trips."""
-        return self.arrivals.waiting() or now >= self._next_intake
+        """Whether this step lists ``incoming/``: when a drop seen (by the watcher's events
+        or a listing) may be taken now (closed or renamed in, or quiet for long enough), and
+        at least every ``poll_interval`` (another host's drops raise no event here). Not at
+        every step: a loop steps several times a job, and on a NAS each listing is four
+        round trips, and each drop looked at one more."""
+        look = self.arrivals.next_look()
+        return (look is not None and now >= look) or now >= self._next_intake
 
     def _accept(self, now: float) -> int:
         try:
@@ -422,6 +423,9 @@ class Daemon:
         # full or ran out of time (drops may be left).
         full = len(outcomes) >= INTAKE_BATCH or time.monotonic() - now >= INTAKE_SECONDS
         self._next_intake = 0.0 if full else now + self.cfg.daemon.poll_interval
+        look = self.arrivals.next_look()
+        if look is not None and not full and look > now:
+            self.wake_within(look - now)  # a seen drop's wait ends then
         if outcomes:
             groupcommit.commit_riders_soon()  # the lines just told, durable while the claims are made
         for o in outcomes:

@@ -283,9 +283,9 @@ def test_a_file_hard_linked_in_is_taken_at_once(tree: Tree, cfg: Config, journal
 
 
 def test_incoming_is_listed_when_a_drop_arrives_and_on_the_timer_not_at_every_step(tree: Tree, assets: Path):
-    """The loop lists incoming/ when its watcher saw a drop arrive, while a drop seen is
-    unfinished, and every poll_interval (another host's drops raise no event here); not
-    at every step (several a job: on a NAS each listing is four round trips)."""
+    """The loop lists incoming/ when its watcher saw a drop arrive or finish, and every
+    poll_interval (another host's drops raise no event here); not at every step (several
+    a job: on a NAS each listing is four round trips)."""
     from spool.core import config as config_mod
     from spoold.daemon import Daemon
 
@@ -313,10 +313,9 @@ def test_incoming_is_listed_when_a_drop_arrives_and_on_the_timer_not_at_every_st
             f.write(body[:5])
             f.flush()
             assert d._take_events()  # its creation seen
-            assert d._intake_due(t0 + poll)
-            d._accept(t0 + poll)
-            assert status.locate(tree, "slow@1") is None
-            assert d._intake_due(t0 + poll) and d._intake_due(t0 + poll)  # seen, unfinished: every step
+            # Still open for writing: its close event says when (no listing at every step;
+            # the timer's listings cover an event lost).
+            assert not d._intake_due(t0 + poll)
             f.write(body[5:])
         assert d._take_events()  # closed after writing
         assert d.arrivals.ready("slow.json", os.lstat(tree.incoming / "slow.json"))
@@ -381,3 +380,86 @@ def test_the_loop_sleeps_on_inotify_beside_its_waker_and_leaves_the_events_to_th
     finally:
         watcher.stop()
         waker.close()
+
+
+def test_a_polled_drop_is_looked_at_again_only_once_its_wait_can_be_over(
+    tree: Tree, cfg: Config, journal: Journal, monkeypatch
+):
+    """Without an event (another host's drops over a NAS), a drop is taken once unchanged
+    for the quiet period; until then, listings pass it without an lstat (a round trip on a
+    NAS: a burst of drops was lstat-ed, every one, at each loop step until quiet)."""
+    clock = [100.0]
+    arrivals = Arrivals(tree.incoming, quiet=2.0, clock=lambda: clock[0])
+    for name in ("a", "b", "c"):
+        (tree.incoming / f"{name}.json").write_bytes(b"[]")
+    looked: list[str] = []
+    real_lstat = os.lstat
+
+    def lstat(path, *a, **k):
+        name = os.path.basename(os.fspath(path))
+        if os.path.dirname(os.fspath(path)) == str(tree.incoming) and not name.startswith("."):
+            looked.append(name)  # a drop looked at (not the taken drop's hidden name, read after)
+        return real_lstat(path, *a, **k)
+
+    monkeypatch.setattr(os, "lstat", lstat)
+
+    def take(at: float) -> list[str]:
+        clock[0] = at
+        looked.clear()
+        outs = accept.accept_incoming(tree, cfg, "w1", journal, arrivals=arrivals)
+        return sorted(o.path.name for o in outs)
+
+    assert take(100.0) == [] and looked == ["a.json", "b.json", "c.json"]
+    assert arrivals.next_look() == 102.0
+    assert take(101.0) == [] and looked == []  # seen, the wait not over: not looked at
+    with open(tree.incoming / "b.json", "ab") as f:
+        f.write(b" ")  # changed meanwhile, unseen: found at the next look, which restarts its wait
+    assert take(102.0) == ["a.json", "c.json"] and looked == ["a.json", "b.json", "c.json"]
+    assert arrivals.next_look() == 104.0
+    assert take(103.5) == [] and looked == []
+    assert take(104.0) == ["b.json"] and looked == ["b.json"]
+    assert arrivals.next_look() is None
+
+
+def test_a_local_drop_waits_only_for_what_is_left_of_its_quiet_period(tree: Tree):
+    """On a local filesystem a drop's ctime counts: one changed 1.5 s before it was first
+    seen (quiet 2 s) may be taken 0.5 s later, and is not looked at before."""
+    clock = [50.0]
+    arrivals = Arrivals(tree.incoming, quiet=2.0, clock=lambda: clock[0], local=True)
+    path = tree.incoming / "d.json"
+    path.write_bytes(b"[]")
+    os.utime(path)  # ctime now
+    st = os.lstat(path)
+    real_time = time.time
+    try:
+        time.time = lambda: st.st_ctime + 1.5  # type: ignore[assignment]
+        assert not arrivals.ready("d.json", st)
+        assert arrivals.next_look() == 50.5
+        clock[0] = 50.4
+        assert arrivals.not_yet("d.json")
+        clock[0] = 50.5
+        assert not arrivals.not_yet("d.json") and arrivals.ready("d.json", st)
+    finally:
+        time.time = real_time  # type: ignore[assignment]
+
+
+def test_the_loop_wakes_when_a_polled_drop_s_wait_ends(tree: Tree, assets: Path):
+    """The daemon steps again when a seen drop's quiet period ends (not a poll_interval
+    later, and not at every step before)."""
+    from spool.core import config as config_mod
+    from spoold.daemon import Daemon
+
+    settings.write(tree.config_file, {"daemon": {"poll_interval": 30.0}})  # the timer far off
+    d = Daemon(tree, config_mod.load(tree.config_file), "probe", hooks=[])  # no watcher: polled
+    try:
+        (tree.incoming / "polled.json").write_bytes(json.dumps(minimal(assets, "polled")).encode())
+        now = time.monotonic()
+        d.arrivals.local = False
+        assert d._intake_due(now)
+        d._accept(now)
+        quiet = d.cfg.daemon.incoming_quiet
+        assert d._wake_in is not None and quiet - 0.5 < d._wake_in <= quiet + 0.5  # its clock read later
+        look = d.arrivals.next_look()
+        assert look is not None and not d._intake_due(look - 0.01) and d._intake_due(look)
+    finally:
+        d.journal.close()

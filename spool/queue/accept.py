@@ -723,6 +723,8 @@ def take_incoming(
         if not name.endswith(".json") or not is_visible(name):
             continue
         if arrivals is not None:
+            if arrivals.not_yet(name):
+                continue  # seen, its wait not over: no look (a round trip on a NAS)
             try:
                 st = os.lstat(tree.incoming / name)
             except OSError:

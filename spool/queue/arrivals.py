@@ -23,6 +23,11 @@ Objects that are not regular files (a FIFO, a symlink, a folder) are taken at
 once: nothing is written into them, and acceptance rejects them unopened.
 
 The watcher thread reports events; the daemon loop asks :meth:`Arrivals.ready`.
+A drop seen whose wait is not over is not looked at again until it is
+(:meth:`Arrivals.not_yet`, :meth:`Arrivals.next_look`): whatever its ``lstat`` said
+then, it could not be taken, and on a NAS each look is a round trip. A burst of
+drops from another host (no inotify event here) used to be ``lstat``-ed, every one,
+at each loop step until quiet: several steps a job.
 """
 
 from __future__ import annotations
@@ -62,7 +67,8 @@ class Arrivals:
         self._lock = threading.Lock()
         self._finished: dict[str, Signature] = {}  # closed or renamed in: the signature then
         self._open: set[str] = set()  # created here, no close seen yet
-        self._seen: dict[str, tuple[Signature, float]] = {}  # signature, since when unchanged
+        #: polled: signature, since when unchanged (this clock), how old its ctime was then
+        self._seen: dict[str, tuple[Signature, float, float]] = {}
 
     # -- evidence from inotify (the watcher thread) ---------------------------------
     def created(self, name: str) -> None:
@@ -101,24 +107,41 @@ class Arrivals:
         sig = signature(st)
         now = self.clock()
         with self._lock:
-            if self._finished.get(name) == sig:
+            done = self._finished.get(name)
+            if done == sig:
                 return True
+            if done is not None:
+                del self._finished[name]  # changed since it was closed: the quiet rule decides
             prev = self._seen.get(name)
             if prev is None or prev[0] != sig:
-                self._seen[name] = (sig, now)
-                since = now
-            else:
-                since = prev[1]
-            wait = OPEN_WAIT if name in self._open else self.quiet
-        if self.local and time.time() - st.st_ctime >= wait:
-            return True
-        return now - since >= wait
+                prev = self._seen[name] = (sig, now, time.time() - st.st_ctime)
+            return now >= self._ready_at(name, prev)
 
-    def waiting(self) -> bool:
-        """Whether a drop was seen that has not been taken yet (still being written, or
-        finished since the last listing): the folder must be listed again soon."""
+    def _ready_at(self, name: str, seen: tuple[Signature, float, float]) -> float:
+        """When a polled drop, unchanged since, may be taken (this clock); holds the lock."""
+        _, since, ctime_age = seen
+        wait = OPEN_WAIT if name in self._open else self.quiet
+        if self.local:  # a ctime already old counts (local timestamps cannot be faked old)
+            return since + max(0.0, wait - ctime_age)
+        return since + wait
+
+    def not_yet(self, name: str) -> bool:
+        """Whether the drop ``name`` was seen and its wait is not over: a listing passes it
+        without a look (whatever it shows, it could not be taken before then)."""
         with self._lock:
-            return bool(self._open or self._finished or self._seen)
+            seen = self._seen.get(name)
+            if seen is None or name in self._finished:
+                return False
+            return self.clock() < self._ready_at(name, seen)
+
+    def next_look(self) -> float | None:
+        """When a listing may next find a drop seen here finished (this clock: now or
+        earlier for one closed or renamed in), or ``None`` if none waits. Drops still open
+        for writing wait on their close event; the timer's listings find what events miss."""
+        with self._lock:
+            if self._finished:
+                return float("-inf")
+            return min((self._ready_at(n, seen) for n, seen in self._seen.items()), default=None)
 
     def why_waiting(self, name: str) -> str:
         with self._lock:
