@@ -14,8 +14,9 @@ file). Two measures:
     to its claim line in the journal; per step, the median start from the drop and the
     median duration, and the share of jobs that had the step.
 ``cycle``
-    jobs dropped at once and drained by one daemon with one slot; per step, its mean
-    time per cycle (consecutive complete lines, the middle third of the run), by thread
+    jobs dropped at once and drained by one daemon with one slot (``--slots``: more); per
+    step, its mean time per cycle (consecutive complete lines, the middle third of the
+    run), by thread
     (``main`` the loop, ``slot`` the job's thread, ``helper`` a group-commit fsync).
 
 The daemon is this checkout's, or the one under ``--src`` (wrapped functions missing
@@ -243,10 +244,10 @@ def drop_to_claim(src: Path, where: Path, jobs: int) -> list[str]:
     return lines
 
 
-def cycle(src: Path, where: Path, jobs: int) -> list[str]:
+def cycle(src: Path, where: Path, jobs: int, slots: int = 1) -> list[str]:
     from benchlib.common import drop, make_spool, noop_settings, noop_submission
 
-    root = make_spool(where / "spool", noop_settings(limits={"max_active": 1}), fmt=2)
+    root = make_spool(where / "spool", noop_settings(limits={"max_active": slots}), fmt=2)
     for i in range(jobs):
         drop(root, f"noop-{i:06d}", noop_submission(f"noop-{i:06d}"))
     out = where / "timeline.json"
@@ -265,8 +266,9 @@ def cycle(src: Path, where: Path, jobs: int) -> list[str]:
         for a, b, thread, path in records[bisect.bisect_left(starts, a0) : bisect.bisect_left(starts, a1)]:
             per[(_thread(thread), _label(path))] += (b - a) * 1000
     median_cycle = statistics.median((b - a) * 1000 for a, b in cycles)
+    mean_cycle = (third[-1] - third[0]) * 1000 / len(cycles)  # with slots > 1: a batch's jobs end together
     lines = [
-        f"cycle: {jobs} jobs drained by 1 daemon x 1 slot; median cycle {median_cycle:.2f} ms "
+        f"cycle: {jobs} jobs drained by 1 daemon x {slots} slot(s); median cycle {median_cycle:.2f} ms, mean {mean_cycle:.2f} ms "
         f"({len(cycles)} cycles, the middle third)",
         f"  {'ms':>6}  thread  step (mean time per cycle)",
     ]
@@ -285,6 +287,7 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=0, help="jobs (default: 150 drop-to-claim, 600 cycle)")
     ap.add_argument("--dir", type=Path, default=Path("/var/tmp"), help="where the scratch spool goes")
     ap.add_argument("--src", type=Path, default=ROOT, help="the source tree whose daemon runs")
+    ap.add_argument("--slots", type=int, default=1, help="the cycle's daemon's max_active (default 1)")
     args = ap.parse_args()
     measures = ("drop-to-claim", "cycle") if args.measure == "both" else (args.measure,)
     scratch: list[Path] = []
@@ -295,7 +298,7 @@ def main() -> int:
             if name == "drop-to-claim":
                 out = drop_to_claim(args.src.resolve(), where, args.jobs or 150)
             else:
-                out = cycle(args.src.resolve(), where, args.jobs or 600)
+                out = cycle(args.src.resolve(), where, args.jobs or 600, args.slots)
             print("\n".join(out), flush=True)
     finally:
         # Removed only at the end: on a disk mounted with -o discard, removing thousands of
