@@ -268,8 +268,8 @@ def cycle(src: Path, where: Path, jobs: int, slots: int = 1) -> list[str]:
     median_cycle = statistics.median((b - a) * 1000 for a, b in cycles)
     mean_cycle = (third[-1] - third[0]) * 1000 / len(cycles)  # with slots > 1: a batch's jobs end together
     lines = [
-        f"cycle: {jobs} jobs drained by 1 daemon x {slots} slot(s); median cycle {median_cycle:.2f} ms, mean {mean_cycle:.2f} ms "
-        f"({len(cycles)} cycles, the middle third)",
+        f"cycle: {jobs} jobs drained by 1 daemon x {slots} slot(s); median cycle {median_cycle:.2f} ms, "
+        f"mean {mean_cycle:.2f} ms ({len(cycles)} cycles, the middle third)",
         f"  {'ms':>6}  thread  step (mean time per cycle)",
     ]
     for (thread, label), total in per.most_common():
