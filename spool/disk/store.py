@@ -22,7 +22,6 @@ import hashlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from io import FileIO
 from pathlib import Path
 
 from spool.core.model import Manifest, PublishedFile
@@ -31,14 +30,29 @@ from spool.disk.tree import Tree, copy_verified, link_or_copy, make_dirs
 
 def sha256_file(path: Path) -> tuple[str, int]:
     """(hex sha256, size in bytes) of a file, read once."""
-    with open(path, "rb", buffering=0) as f:
-        return _sha256_of(f)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return _sha256_of(fd)
+    finally:
+        os.close(fd)
 
 
-def _sha256_of(f: FileIO) -> tuple[str, int]:
-    """(hex sha256, size in bytes) of an open file, read from its start."""
-    size = os.fstat(f.fileno()).st_size
-    return hashlib.file_digest(f, "sha256").hexdigest(), size
+#: Bytes hashed per read (one buffer, reused: memory stays flat for any size).
+_CHUNK = 1 << 20
+
+
+def _sha256_of(fd: int) -> tuple[str, int]:
+    """(hex sha256, size in bytes) of an open file, read from its start. The size is
+    what was read (no ``fstat``: on a NAS each is a round trip, and a file is published
+    with the size of the bytes its digest covers)."""
+    h = hashlib.sha256()
+    buf = bytearray(_CHUNK)
+    view = memoryview(buf)
+    size = 0
+    while n := os.readv(fd, [buf]):
+        h.update(view[:n])
+        size += n
+    return h.hexdigest(), size
 
 
 @dataclass(frozen=True)
@@ -58,14 +72,17 @@ def put(
     ``folder_later``: the store folder is not fsynced here; the caller fsyncs it
     (``stored.path.parent``) before anything names the object (a publish batch
     fsyncs its objects' folders at once)."""
-    with open(candidate, "rb", buffering=0) as f:  # hashed and fsynced through one open
-        digest, size = _sha256_of(f)
+    fd = os.open(candidate, os.O_RDONLY | os.O_CLOEXEC)  # hashed and fsynced through one open
+    try:
+        digest, size = _sha256_of(fd)
         final = tree.store_file(digest, ext)
         make_dirs(final.parent)
         if _same_object(final, size):
             return Stored(digest, size, final, "existing")
-        os.fchmod(f.fileno(), 0o444)
-        os.fsync(f.fileno())
+        os.fchmod(fd, 0o444)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     try:
         if prefer_link:
             method = link_or_copy(candidate, final, digest, mode=0o444, folder_later=folder_later)

@@ -1,0 +1,43 @@
+"""The content-addressed store's put: what it hashes, names and costs."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+
+import pytest
+
+from spool.disk import store
+from spool.disk.tree import Tree
+
+
+@pytest.mark.parametrize("size", [0, 1, store._CHUNK - 1, store._CHUNK, store._CHUNK + 1, 3 * store._CHUNK])
+def test_put_names_the_object_by_the_digest_and_size_of_every_byte(tree: Tree, size: int):
+    data = os.urandom(size)
+    cand = tree.root / "cand.bin"
+    cand.write_bytes(data)
+    got = store.put(tree, cand, ".bin")
+    want = hashlib.sha256(data).hexdigest()
+    assert (got.digest, got.size, got.method) == (want, size, "link")
+    assert got.path == tree.store_file(want, ".bin") and got.path.read_bytes() == data
+    assert stat.S_IMODE(os.stat(got.path).st_mode) == 0o444
+    assert store.sha256_file(got.path) == (want, size)
+    again = tree.root / "again.bin"
+    again.write_bytes(data)
+    assert store.put(tree, again, ".bin").method == "existing"
+
+
+def test_put_opens_the_candidate_once_and_asks_its_size_of_nobody(tree: Tree, monkeypatch):
+    """On a NAS every open and fstat is a round trip: the candidate is hashed, made
+    read-only and fsynced through one open, and its size is what the hash read."""
+    cand = tree.root / "cand.bin"
+    cand.write_bytes(b"x" * 5000)
+    opens: list[str] = []
+    fstats: list[int] = []
+    real_open, real_fstat = os.open, os.fstat
+    monkeypatch.setattr(os, "open", lambda p, *a, **k: opens.append(os.fspath(p)) or real_open(p, *a, **k))
+    monkeypatch.setattr(os, "fstat", lambda fd: fstats.append(fd) or real_fstat(fd))
+    got = store.put(tree, cand, ".bin")
+    assert got.size == 5000
+    assert opens.count(str(cand)) == 1 and fstats == []
