@@ -59,6 +59,21 @@ def test_the_three_mounts_show_one_volume(mounts):
     (a / "hello").unlink()
 
 
+def test_the_metadata_engine_s_commands_are_counted(mounts):
+    """tools/bench nasdispatch counts what a job costs JuiceFS's metadata engine by the
+    redis-server's own command counts: a new file costs commands, and they show."""
+    from benchlib.nas import redis_commands
+
+    meta = (mounts[0].parent / ".juicefs" / "meta").read_text().strip()
+    before = redis_commands(meta)
+    for i in range(5):
+        (mounts[0] / f"counted-{i}").write_text("x")
+    made = redis_commands(meta) - before
+    assert sum(made.values()) >= 5, made
+    for i in range(5):
+        (mounts[0] / f"counted-{i}").unlink()
+
+
 def test_doctor_measures_juicefs_across_two_mounts_and_judges_by_it(mounts):
     a, b, _ = mounts
     tree = Tree.at(a / "doctor")

@@ -149,13 +149,18 @@ def test_multimount_is_idempotent_and_down_leaves_nothing(nas, tmp_path):
         subprocess.run([str(MULTIMOUNT), "status", str(nas.export.parent)], capture_output=True).returncode
         == 0
     )
-    # a second instance of its own, taken down twice: no mount, no process left
+    # a second instance of its own, traced (every SFTP request logged: the round trips a
+    # workload costs, tools/bench nasdispatch), taken down twice: no mount, no process left
+    from benchlib.nas import sftp_log, sftp_requests
+
     d = tmp_path / "mm"
-    subprocess.run(
-        [str(MULTIMOUNT), "up", str(d), "--mounts", "1"], check=True, capture_output=True, timeout=60
-    )
+    up = [str(MULTIMOUNT), "up", str(d), "--mounts", "1", "--trace"]
+    subprocess.run(up, check=True, capture_output=True, timeout=60)
+    before = sftp_requests(sftp_log(d))
     (d / "a" / "hello").write_text("hi")
     assert (d / "export" / "hello").read_text() == "hi"
+    sent = sftp_requests(sftp_log(d)) - before
+    assert sent["OPEN"] == 1 and sent["WRITE"] == 1 and sent["CLOSE"] == 1, sent
     for _ in range(2):
         subprocess.run([str(MULTIMOUNT), "down", str(d)], check=True, capture_output=True, timeout=60)
     assert subprocess.run([str(MULTIMOUNT), "status", str(d)], capture_output=True).returncode == 3

@@ -27,8 +27,10 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -76,10 +78,11 @@ def keys(mode: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def mounted(base: Path) -> Iterator[tuple[Path, Path]]:
-    """(export, mount) of a fresh multimount instance under ``base``; down afterwards."""
+def mounted(base: Path, *, trace: bool = False) -> Iterator[tuple[Path, Path]]:
+    """(export, mount) of a fresh multimount instance under ``base``; down afterwards.
+    ``trace``: sshfs logs every SFTP request (:func:`sftp_log`)."""
     up = subprocess.run(
-        [str(MULTIMOUNT), "up", str(base), "--mounts", "1", "--cache", "low"],
+        [str(MULTIMOUNT), "up", str(base), "--mounts", "1", "--cache", "low", *(["--trace"] * trace)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -90,6 +93,46 @@ def mounted(base: Path) -> Iterator[tuple[Path, Path]]:
         yield base / "export", base / "a"
     finally:
         subprocess.run([str(MULTIMOUNT), "down", str(base)], capture_output=True, timeout=120)
+
+
+def sftp_log(base: Path) -> Path:
+    """The request log of a traced instance's mount (``tools/multimount --trace``)."""
+    return base / ".multimount" / "sshfs-a.log"
+
+
+#: A request line of sshfs_debug: ``[<id>] <TYPE>`` (replies are indented).
+_REQUEST = re.compile(r"^\[\d+\] ([A-Za-z_@.]+)", re.M)
+
+
+def sftp_requests(log: Path) -> Counter[str]:
+    """SFTP requests sent so far, by type, from a traced mount's log."""
+    return Counter(_REQUEST.findall(log.read_text(errors="replace")))
+
+
+def redis_commands(meta_url: str) -> Counter[str]:
+    """Commands a redis-server has run so far, by command (``INFO commandstats``): for
+    JuiceFS, whose metadata lives there, what a workload costs its metadata engine."""
+    hostport = meta_url.split("://", 1)[1].split("/", 1)[0]
+    host, _, port = hostport.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(b"INFO commandstats\r\n")
+        head = b""
+        while b"\r\n" not in head:  # "$<length>\r\n", then the text
+            chunk = s.recv(65536)
+            if not chunk:
+                raise RuntimeError(f"{meta_url}: no answer to INFO")
+            head += chunk
+        size, _, body = head.partition(b"\r\n")
+        while len(body) < int(size[1:]):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            body += chunk
+    out: Counter[str] = Counter()
+    for name, calls in re.findall(r"^cmdstat_([a-z|_]+):calls=(\d+)", body.decode(errors="replace"), re.M):
+        if name != "info":  # this very question
+            out[name] = int(calls)
+    return out
 
 
 def _claimed(server: Path, worker: str) -> int:

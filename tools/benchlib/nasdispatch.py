@@ -8,6 +8,13 @@ metadata in a redis-server on loopback, ``--storage file``). Format 1 is the sam
 code on a spool without ``FORMAT`` (the layout before issue 25); runs interleaved,
 order rotated each round; the ratio is the median of per-round ratios. Run only when
 named (root and FUSE): ``tools/bench nasdispatch``.
+
+Beside the rates, what a job costs the file server, which no noise moves: the SFTP
+requests a no-op job costs the daemons (2 workers x 4 slots) over sshfs, counted from the
+request log of a mount of its own (``tools/multimount --trace``), and the commands JuiceFS
+sends its metadata engine (the redis-server's ``INFO commandstats``), format 2 beside
+format 1; the daemons' run on an empty queue is subtracted, and the submitter's drops
+are not counted.
 """
 
 from __future__ import annotations
@@ -15,19 +22,35 @@ from __future__ import annotations
 import contextlib
 import itertools
 import subprocess
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .common import Row, interleave, log, median, pair_ratios, scratch
+from .common import (
+    SPOOLD,
+    Row,
+    drop,
+    interleave,
+    log,
+    make_spool,
+    median,
+    noop_settings,
+    noop_submission,
+    pair_ratios,
+    scratch,
+    start,
+    wait_all,
+)
 from .dispatch import FORMAT1, Run, spool_at
-from .nas import JUICEFSMOUNT, mounted
+from .nas import JUICEFSMOUNT, mounted, redis_commands, sftp_log, sftp_requests
 
 FILESYSTEMS = ("sshfs", "juicefs")
 
 
 def keys(mode: str) -> list[str]:
-    return [f"nasdispatch.{fs}.{shape}.format1" for fs in FILESYSTEMS for shape in SHAPES]
+    rows = [f"nasdispatch.{fs}.{shape}.format1" for fs in FILESYSTEMS for shape in SHAPES]
+    return rows + [f"nasdispatch.{fs}.requests" for fs in FILESYSTEMS]
 
 
 #: row name -> (workers, max_active): the dispatch measure's shapes.
@@ -79,6 +102,64 @@ def _rows(fs: str, mount: Path, n: int, rounds: int) -> list[Row]:
     return rows
 
 
+def _drained_requests(
+    mount: Path, count: Callable[[], Counter[str]], name: str, jobs: int, fmt: int
+) -> Counter[str]:
+    """What ``count`` counts while 2 daemons (x 4 slots) drain a fresh spool with ``jobs``
+    no-op drops made first (the drops' own requests not counted)."""
+    root = make_spool(mount / name / "spool", noop_settings(limits={"max_active": 4}), fmt=fmt)
+    for i in range(jobs):
+        drop(root, f"noop-{i:06d}", noop_submission(f"noop-{i:06d}"))
+    before = count()
+    argv = [SPOOLD, "run", "--spool", str(root), "--drain", "--worker"]
+    procs = [start([*argv, f"trace{k}"], log_path=mount / name / f"spoold-{k}.log") for k in range(2)]
+    wait_all(procs, timeout=600, what="spoold --drain on the counted mount")
+    done = len(list((root / "complete").glob("*.json")))
+    if done != jobs:
+        raise RuntimeError(f"nasdispatch: {done} of {jobs} jobs completed on the counted mount")
+    return count() - before
+
+
+#: filesystem -> (what is counted, the row's words for it)
+COUNTED = {
+    "sshfs": "SFTP requests (round trips)",
+    "juicefs": "metadata commands (redis-server's, JuiceFS's engine)",
+}
+
+
+def _requests(fs: str, n: int) -> Row:
+    """What a no-op job costs the file server, format 2 beside format 1."""
+    per: dict[int, dict[str, float]] = {}
+    with contextlib.ExitStack() as stack:
+        base = stack.enter_context(scratch("disk", f"nasdispatch-count-{fs}"))
+        if fs == "sshfs":
+            _export, mount = stack.enter_context(mounted(base, trace=True))
+            log_ = sftp_log(base)
+            count: Callable[[], Counter[str]] = lambda: sftp_requests(log_)  # noqa: E731
+        else:
+            mount = stack.enter_context(_juicefs(base))
+            meta = (base / ".juicefs" / "meta").read_text().strip()
+            count = lambda: redis_commands(meta)  # noqa: E731
+        for fmt in (2, 1):
+            log(f"nasdispatch: {COUNTED[fs]} a job over {fs}, format {fmt}, {n} jobs (and an empty queue)")
+            empty = _drained_requests(mount, count, f"empty-f{fmt}", 0, fmt)
+            loaded = _drained_requests(mount, count, f"loaded-f{fmt}", n, fmt)
+            per[fmt] = {k: (loaded[k] - empty[k]) / n for k in loaded | empty}
+    total = {fmt: sum(v.values()) for fmt, v in per.items()}
+    top = sorted(per[2].items(), key=lambda kv: -kv[1])[:6]
+    return Row(
+        key=f"nasdispatch.{fs}.requests",
+        measure=f"{COUNTED[fs]} per no-op job, 2w x max_active 4 over {fs}",
+        unit="calls",
+        spool=total[2],
+        peer=FORMAT1,
+        peer_value=total[1],
+        note=f"format 1 / format 2 = {total[1] / total[2]:.2f}x; format 2's most: "
+        + ", ".join(f"{k} {v:.1f}" for k, v in top),
+        samples={f"format{fmt}": v for fmt, v in per.items()},
+    )
+
+
 def run(mode: str) -> tuple[list[Row], list[str]]:
     n, rounds = {"full": (200, 3), "quick": (60, 2), "smoke": (8, 1)}[mode]
     rows: list[Row] = []
@@ -86,6 +167,7 @@ def run(mode: str) -> tuple[list[Row], list[str]]:
         rows += _rows("sshfs", mount, n, rounds)
     with scratch("disk", "nasdispatch-juicefs") as base, _juicefs(base) as mount:
         rows += _rows("juicefs", mount, n, rounds)
+    rows += [_requests(fs, n) for fs in FILESYSTEMS]
     notes = [
         f"nasdispatch: {n} no-op jobs per run, {rounds} rounds interleaved, spoold max_active as named; "
         "sshfs: tools/multimount (loopback sshd, --cache low); JuiceFS: tools/juicefsmount "
