@@ -603,14 +603,6 @@ class Daemon:
             outcome = "complete"  # said by publish already, with the object's sha256
         call(self.hooks, "attempt_ended", self, r.job_id, outcome)
 
-    def _done_slot(self, jid: str) -> Slot:
-        """A claim that ended before any thread ran it (quarantined, lost)."""
-        slot = Slot(f"job-{jid}")
-        slot._done.set()
-        with self._lock:
-            self._finished.add(jid)
-        return slot
-
     def _gates(self) -> dict[str, int]:
         """The room each gated pool with pending jobs has now (its kind decides: a provider's
         quota, its spending allowance); closed gates are kept for the heartbeat."""
