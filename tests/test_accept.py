@@ -470,6 +470,12 @@ CASES: list[Case] = [
     Case("source_is_fifo", "sources.clip", _fifo, ("not a regular file",)),
     Case("source_device", "sources.clip", _device, ("not a regular file",)),
     Case("source_path_nul", "sources.clip", lambda c: c.mini(sources={"clip": "clip\x00.mp4"}), ("NUL",)),
+    Case(  # found by test_accept_fuzz: expanduser raised RuntimeError, uncaught
+        "source_home_of_unknown_user",
+        "sources.clip",
+        lambda c: c.mini(sources={"clip": "~no-such-user-here/clip.mp4"}),
+        ("~ for a user this host does not know",),
+    ),
     Case("source_symlink_loop", "sources.clip", _symlink_loop),
     Case("source_path_empty", "sources.clip", lambda c: c.mini(sources={"clip": ""})),
     Case(

@@ -38,7 +38,10 @@ def resolve(role: str, text: object, roots: list[Path]) -> Path:
             "cannot be checked because spool.toml [assets] roots is empty; "
             "add the folder that holds your media",
         )
-    given = Path(text).expanduser()
+    try:
+        given = Path(text).expanduser()
+    except RuntimeError:  # "~name/..." for a user this host does not have
+        raise InvalidInput(field, f"{text} starts with ~ for a user this host does not know") from None
     candidates = [given] if given.is_absolute() else [root / given for root in roots]
     for cand in candidates:
         if not os.path.lexists(cand):
