@@ -30,6 +30,7 @@ from typing import Any
 from .common import (
     SPOOLD,
     Row,
+    count_json,
     drop,
     interleave,
     log,
@@ -114,7 +115,7 @@ def _drained_requests(
     argv = [SPOOLD, "run", "--spool", str(root), "--drain", "--worker"]
     procs = [start([*argv, f"trace{k}"], log_path=mount / name / f"spoold-{k}.log") for k in range(2)]
     wait_all(procs, timeout=600, what="spoold --drain on the counted mount")
-    done = len(list((root / "complete").glob("*.json")))
+    done = count_json(root / "complete")
     if done != jobs:
         raise RuntimeError(f"nasdispatch: {done} of {jobs} jobs completed on the counted mount")
     return count() - before
