@@ -463,3 +463,25 @@ def test_the_loop_wakes_when_a_polled_drop_s_wait_ends(tree: Tree, assets: Path)
         assert look is not None and not d._intake_due(look - 0.01) and d._intake_due(look)
     finally:
         d.journal.close()
+
+
+def test_the_next_look_follows_every_change_of_the_records_and_of_the_quiet_period(tree: Tree):
+    """The loop asks when to look next twice a step; the answer is kept between changes
+    (thousands of waiting drops), so every change must show in it at once."""
+    clock = [10.0]
+    arrivals = Arrivals(tree.incoming, quiet=2.0, clock=lambda: clock[0])
+    for name in ("a", "b"):
+        (tree.incoming / f"{name}.json").write_bytes(b"[]")
+    assert not arrivals.ready("a.json", os.lstat(tree.incoming / "a.json"))
+    assert arrivals.next_look() == 12.0
+    clock[0] = 11.0
+    assert not arrivals.ready("b.json", os.lstat(tree.incoming / "b.json"))
+    assert arrivals.next_look() == 12.0
+    arrivals.quiet = 5.0  # spool.toml's incoming_quiet reloaded
+    assert arrivals.next_look() == 15.0
+    arrivals.gone("a.json")
+    assert arrivals.next_look() == 16.0
+    arrivals.finished("b.json")  # closed after writing: take it at once
+    assert arrivals.next_look() == float("-inf")
+    arrivals.taken("b.json")
+    assert arrivals.next_look() is None
