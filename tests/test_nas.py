@@ -159,6 +159,8 @@ def test_multimount_is_idempotent_and_down_leaves_nothing(nas, tmp_path):
     before = sftp_requests(sftp_log(d))
     (d / "a" / "hello").write_text("hi")
     assert (d / "export" / "hello").read_text() == "hi"
+    # FUSE releases a closed file after close(2) returns: its CLOSE request may come later
+    wait_for(lambda: (sftp_requests(sftp_log(d)) - before)["CLOSE"] >= 1, timeout=10)
     sent = sftp_requests(sftp_log(d)) - before
     assert sent["OPEN"] == 1 and sent["WRITE"] == 1 and sent["CLOSE"] == 1, sent
     for _ in range(2):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import subprocess
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -118,7 +119,15 @@ def _drained_requests(
     done = count_json(root / "complete")
     if done != jobs:
         raise RuntimeError(f"nasdispatch: {done} of {jobs} jobs completed on the counted mount")
-    return count() - before
+    # FUSE releases files after close(2) returns: the last CLOSE requests may come later.
+    after, deadline = count(), time.monotonic() + 10
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        now = count()
+        if now == after:
+            break
+        after = now
+    return after - before
 
 
 #: filesystem -> (what is counted, the row's words for it)
