@@ -156,15 +156,17 @@ def test_multimount_is_idempotent_and_down_leaves_nothing(nas, tmp_path):
     d = tmp_path / "mm"
     up = [str(MULTIMOUNT), "up", str(d), "--mounts", "1", "--trace"]
     subprocess.run(up, check=True, capture_output=True, timeout=60)
-    before = sftp_requests(sftp_log(d))
-    (d / "a" / "hello").write_text("hi")
-    assert (d / "export" / "hello").read_text() == "hi"
-    # FUSE releases a closed file after close(2) returns: its CLOSE request may come later
-    wait_for(lambda: (sftp_requests(sftp_log(d)) - before)["CLOSE"] >= 1, timeout=10)
-    sent = sftp_requests(sftp_log(d)) - before
-    assert sent["OPEN"] == 1 and sent["WRITE"] == 1 and sent["CLOSE"] == 1, sent
-    for _ in range(2):
-        subprocess.run([str(MULTIMOUNT), "down", str(d)], check=True, capture_output=True, timeout=60)
+    try:
+        before = sftp_requests(sftp_log(d))
+        (d / "a" / "hello").write_text("hi")
+        assert (d / "export" / "hello").read_text() == "hi"
+        # FUSE releases a closed file after close(2) returns: its CLOSE request may come later
+        wait_for(lambda: (sftp_requests(sftp_log(d)) - before)["CLOSE"] >= 1, timeout=10)
+        sent = sftp_requests(sftp_log(d)) - before
+        assert sent["OPEN"] == 1 and sent["WRITE"] == 1 and sent["CLOSE"] == 1, sent
+    finally:  # down even when a check fails: a test leaves no mount behind
+        for _ in range(2):
+            subprocess.run([str(MULTIMOUNT), "down", str(d)], check=True, capture_output=True, timeout=60)
     assert subprocess.run([str(MULTIMOUNT), "status", str(d)], capture_output=True).returncode == 3
     assert str(d) not in Path("/proc/self/mountinfo").read_text()
     leftover = []
