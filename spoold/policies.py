@@ -67,6 +67,7 @@ def policies(tree: Tree, cfg: Config) -> list[Hook]:
 class AutoRecover(Hook):
     def __init__(self) -> None:
         self.observer = liveness.Observer()
+        self.gone = liveness.Gone()
         self.next_check = 0.0
 
     def tick(self, daemon: Daemon) -> None:
@@ -74,7 +75,10 @@ class AutoRecover(Hook):
         if now < self.next_check or daemon.stopping:
             return
         self.next_check = now + min(5.0, daemon.cfg.recovery.stale_after / 4)
-        plans = recover.plan(daemon.ctx, auto=True, observer=self.observer)
+        plans = recover.plan(daemon.ctx, auto=True, observer=self.observer, gone=self.gone)
+        waits = [p.wait for p in plans if p.wait > 0]
+        if waits:  # look again as soon as the first gone worker's writes must show
+            self.next_check = min(self.next_check, now + min(waits))
         for p in plans:
             if p.act:
                 log.warning("recovering %d job(s) of %s: %s", len(p.jobs), p.worker, p.why)

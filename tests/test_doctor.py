@@ -19,6 +19,7 @@ from conftest import minimal, run_cli, write_json
 from spool import doctor
 from spool.core import config, settings
 from spool.disk.tree import HOST, Tree
+from spool.doctor import Finding, strategy
 
 MOUNTINFO = r"""22 27 0:21 / /proc rw,relatime - proc proc rw
 27 1 254:0 / / rw,relatime - ext4 /dev/vda rw
@@ -284,3 +285,21 @@ def test_daemon_applies_pinned_copy_and_poll(tree, assets, daemons):
     assert manifest["output"]["method"] == "copy"
     store_file = tree.root / manifest["output"]["store_path"]
     assert store_file.stat().st_nlink == 1  # a copy, not a second name of the candidate
+
+
+def test_doctor_says_when_mount_lag_is_shorter_than_the_measured_lag(tmp_path):
+    """Recovery through another mount waits [recovery] mount_lag for the dead worker's
+    last writes to show; the doctor measured how late they show and says when that is longer."""
+    tree, cfg = _spool(tmp_path / "spool")
+    (tmp_path / "other-view").symlink_to(tree.root)
+    fake = f"27 1 254:0 / / rw - ext4 /dev/vda rw\n50 27 0:50 / {tmp_path} rw - fuse.juicefs JuiceFS:v rw\n"
+    report = doctor.run(tree, cfg, peer=tmp_path / "other-view", lag_timeout=5, mountinfo=fake)
+    assert not any("mount_lag" in w for w in report.warnings)  # a symlink: no lag at all
+    f = dict(report.findings)
+    f["lag"] = Finding(True, "measured", {"listing_seconds": 5.0, "stale_stat_seconds": 7.5})
+    args = (report.mount, f, report.publish, report.watch, report.verdict)
+    cfg.recovery.mount_lag = 10.0
+    [warned] = [w for w in strategy.warnings(cfg, *args) if "mount_lag" in w]
+    assert "7.5 s late" in warned and "at least 15 s" in warned
+    cfg.recovery.mount_lag = 15.0
+    assert not any("mount_lag" in w for w in strategy.warnings(cfg, *args))

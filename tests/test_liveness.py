@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -19,7 +20,9 @@ from spool.queue import accept, liveness
 from spool.queue.attempt import open_attempt
 
 
-def _record(tree, worker, *, host, pid=999_999, boot=None, beat_age=0.0, beats=5, skew=0.0):
+def _record(tree, worker, *, host, pid=999_999, boot=None, beat_age=0.0, beats=5, skew=0.0, device=None):
+    """A worker record as a daemon writes it; ``device`` other than the spool's: written
+    through another mount."""
     at = datetime.now(UTC) - timedelta(seconds=beat_age) + timedelta(seconds=skew)
     rec = WorkerRecord(
         worker=worker,
@@ -30,6 +33,7 @@ def _record(tree, worker, *, host, pid=999_999, boot=None, beat_age=0.0, beats=5
         heartbeat_at=at,
         beats=beats,
         max_active=2,
+        device=os.stat(tree.root).st_dev if device is None else device,
     )
     path = tree.worker_file(worker)
     write_atomic(path, encode(rec))
@@ -166,3 +170,94 @@ def test_a_stopped_daemon_is_stalled_under_needs_attention_and_recovers_when_con
         d.signal(signal.SIGCONT)
     wait_for(lambda: health()[0] == "alive", timeout=30)
     assert d.alive()
+
+
+# -- a worker gone while writing through another mount ------------------------------------
+
+
+def test_a_death_seen_through_another_mount_settles_for_mount_lag(tree):
+    """Dead is certain at once; what it wrote through another mount shows here only once
+    that mount's caches let it: recovery waits mount_lag from the first sighting."""
+    here = os.stat(tree.root).st_dev
+    gone = liveness.Gone()
+    same = liveness.assess(tree, _record(tree, f"{HOST}-here", host=HOST), 60)
+    assert same.health == "dead" and liveness.settles_in(tree, same, 0.3, gone) == 0.0
+    other = liveness.assess(tree, _record(tree, f"{HOST}-there", host=HOST, device=here + 1), 60)
+    assert other.health == "dead"
+    assert liveness.settles_in(tree, other, 0.3, gone) == 0.3  # seen just now
+    assert liveness.settles_in(tree, other, 0.3) == 0.3  # a one-shot look: just now as well
+    time.sleep(0.15)
+    assert 0.0 < liveness.settles_in(tree, other, 0.3, gone) < 0.2  # counted from the first sighting
+    time.sleep(0.2)
+    assert liveness.settles_in(tree, other, 0.3, gone) == 0.0
+    # a record from a daemon that did not say its device: it may have been another mount
+    old = liveness.assess(tree, _record(tree, f"{HOST}-older", host=HOST, device=0), 60)
+    assert liveness.settles_in(tree, old, 0.3, gone) == 0.3
+    # after a reboot every cache here was filled after its last write
+    rebooted = _record(tree, f"{HOST}-before", host=HOST, boot="another-boot", device=here + 1)
+    assert liveness.settles_in(tree, liveness.assess(tree, rebooted, 60), 0.3, gone) == 0.0
+    # the same worker started again is a new process: its own wait
+    again = _record(tree, f"{HOST}-there", host=HOST, pid=999_998, device=here + 1)
+    assert liveness.settles_in(tree, liveness.assess(tree, again, 60), 0.3, gone) == 0.3
+    # a live worker has nothing to settle
+    alive = liveness.assess(tree, _record(tree, "far-alive", host="far"), 60)
+    assert alive.health == "alive" and liveness.settles_in(tree, alive, 0.3, gone) == 0.0
+
+
+def test_recovery_of_a_worker_gone_through_another_mount_waits_then_acts(tree, cfg, assets):
+    from spool.queue.events import Journal
+    from spool.queue.execute import Context
+    from spool.repair import recover
+
+    w = f"{HOST}-elsewhere"
+    _record(tree, w, host=HOST, device=os.stat(tree.root).st_dev + 1)
+    jid = _stranded(tree, cfg, assets, w)
+    cfg.recovery.mount_lag = 0.5
+    ctx = Context(tree, cfg, f"{HOST}-r", Journal(tree, f"{HOST}-r"), threading.Event())
+    gone = liveness.Gone()
+    [p] = recover.plan(ctx, gone=gone)
+    assert p.health == "dead" and not p.act and 0.4 < p.wait <= 0.5
+    assert "another mount" in p.why and "mount_lag" in p.why
+    assert recover.execute_plan(ctx, [p]) == []  # a plan that waits does nothing
+    assert state_files(tree)["running"] == [f"{jid}.json"]
+    time.sleep(0.55)
+    [p] = recover.plan(ctx, gone=gone)
+    assert p.act and p.wait == 0.0
+    [o] = recover.execute_plan(ctx, [p])
+    assert o.job_id == jid and state_files(tree)["pending"] == [f"{jid}.json"]
+
+
+def test_spool_recover_waits_out_mount_lag_before_it_acts(tree, cfg, assets):
+    w = f"{HOST}-elsewhere"
+    _record(tree, w, host=HOST, device=os.stat(tree.root).st_dev + 1)
+    jid = _stranded(tree, cfg, assets, w)
+    settings.write(tree.config_file, {"recovery": {"mount_lag": 1.0}})
+    dry = json.loads(run_cli("recover", "--dry-run", "--json", spool=tree, check=True).stdout)
+    assert not dry["workers"][0]["act"] and "mount_lag" in dry["workers"][0]["why"]
+    t0 = time.monotonic()
+    r = run_cli("recover", spool=tree, check=True)
+    assert time.monotonic() - t0 >= 1.0
+    assert "waiting 1 s" in r.stderr and f"recovered {jid}" in r.stdout
+    assert state_files(tree)["pending"] == [f"{jid}.json"]
+
+
+def test_running_daemon_recovers_a_worker_gone_through_another_mount_after_mount_lag(
+    tree, cfg, assets, daemons
+):
+    jid = _stranded(tree, cfg, assets, f"{HOST}-far-mount")
+    _record(tree, f"{HOST}-far-mount", host=HOST, device=os.stat(tree.root).st_dev + 1)
+    settings.write(tree.config_file, {"recovery": {"mount_lag": 2.0}})
+    d = daemons(tree, "w1")
+    wait_for(lambda: (tree.complete / f"{jid}.json").exists(), timeout=60)
+    started = json.loads(tree.worker_file(f"{HOST}-w1").read_text())["started_at"]
+    lines = [json.loads(x) for f in tree.events.glob("*.jsonl") for x in f.read_text().splitlines()]
+    [back] = [e for e in lines if e["job"] == jid and e["to"] == "pending"]
+    assert "recovery" in back["reason"]
+    # not before mount_lag from the first sighting, which came after the daemon started
+    assert _epoch(back["ts"]) - _epoch(started) >= 2.0
+    assert d.alive()
+    assert invariants.check(tree.root, settled=False) == []
+
+
+def _epoch(iso: str) -> float:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()

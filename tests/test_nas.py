@@ -84,6 +84,8 @@ class Nas:
                 "daemon": {"poll_interval": 0.5, "heartbeat_interval": 0.5, "incoming_quiet": 0.5},
                 "observe": {"metrics_dir": "", "thumbnail_width": 0},
                 "acceptance": {"allow_noop": True},
+                # FUSE's 1 s caches: a worker gone through the other mount is recovered 3 s on
+                "recovery": {"mount_lag": 3.0},
                 "limits": limits,
             },
         )

@@ -320,7 +320,9 @@ def _make_spool(lay: Layout, max_attempts: int, *, old_format: bool = False) -> 
         {
             "daemon": {"poll_interval": 0.2, "heartbeat_interval": 0.5},
             "limits": {"max_attempts": max_attempts},
-            "recovery": {"backoff": 0.2, "backoff_max": 2.0},
+            # mount_lag: the mounts a torture runs on (sshfs --cache low, JuiceFS by default,
+            # LazyFS) show another mount's change within 1 s
+            "recovery": {"backoff": 0.2, "backoff_max": 2.0, "mount_lag": 3.0},
         }
         | ({"acceptance": {"allow_noop": True}} if old_format else {}),
     )

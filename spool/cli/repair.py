@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Annotated, Any
 
 import typer
@@ -37,6 +38,7 @@ def recover_cmd(
     """Inspect interrupted attempts and recover them by evidence (dead workers; suspect ones when named)."""
     # here: the other typer commands stay off the attempt machinery (+~9-26 ms)
     from spool.queue.execute import Context
+    from spool.queue.liveness import Gone  # as recovery does, which imports it anyway
 
     # here: the other typer commands stay off worker identities (+~1-3 ms)
     from spool.queue.workers import Identity
@@ -54,7 +56,16 @@ def recover_cmd(
         if not dry_run:
             # Our own folder first: jobs a crashed earlier `spool recover` left holding.
             recover.adopt(ctx)
-        plans = recover.plan(ctx, worker=worker, force=force)
+        gone = Gone()
+        plans = recover.plan(ctx, worker=worker, force=force, gone=gone)
+        wait = max((p.wait for p in plans), default=0.0)
+        if wait > 0 and not dry_run:
+            # A worker gone while writing through another mount: what it left shows here
+            # only once that mount's caches let it (the plan says why).
+            if not as_json:
+                typer.echo(f"waiting {wait:.0f} s for this mount to show what another mount wrote", err=True)
+            time.sleep(wait)
+            plans = recover.plan(ctx, worker=worker, force=force, gone=gone)
         done = [] if dry_run else recover.execute_plan(ctx, plans)
     finally:
         ident.release()

@@ -87,6 +87,13 @@ class Recovery(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: Take over a suspect worker's jobs without an operator (off: a stale heartbeat
     #: is a reason to look, not a licence to act).
     auto_recover: bool = False
+    #: How late a change made through another client of a shared spool (another host,
+    #: or another mount on this host) may show through this mount: its client caches.
+    #: A worker seen dead or stopped that wrote through another client is recovered
+    #: only once it has been seen so for this long, so that recovery sees its last
+    #: writes (a generation's provider job) and does not do them again. 60 s covers
+    #: NFS's longest default attribute cache; sshfs caches 20 s, JuiceFS 1 s.
+    mount_lag: Annotated[float, msgspec.Meta(ge=0)] = 60.0
     #: Technical retries wait backoff * 2^(k-1) seconds, at most backoff_max.
     backoff: Annotated[float, msgspec.Meta(ge=0)] = 10.0
     backoff_max: Annotated[float, msgspec.Meta(ge=0)] = 600.0
@@ -390,6 +397,8 @@ incoming_quiet = 2.0       # seconds a drop must stay unchanged when no inotify 
 [recovery]
 stale_after = 120.0        # seconds without a heartbeat: suspect (other host), stalled (this host)
 auto_recover = false       # take over suspect workers' jobs automatically (else: spool recover)
+mount_lag = 60.0           # seconds another mount's changes may take to show here: a worker
+                           # gone while writing through another mount waits this long for recovery
 backoff = 10.0             # technical retries wait backoff * 2^(k-1) seconds...
 backoff_max = 600.0        # ...at most this long
 work_retention = 604800.0  # spool gc keeps finished attempts' work/ folders this many seconds

@@ -528,6 +528,10 @@ class WorkerRecord(Record, kw_only=True):
     #: seconds): status reads it instead of stat-ing 100,000 pending files.
     oldest_pending_submitted: float | None = None
     version: str = ""
+    #: The device number (``st_dev``) of the spool folder as this worker saw it. On one
+    #: host, another number is another mount: another client cache, which may show this
+    #: worker's writes late (0: not recorded, by a daemon older than this field).
+    device: int = 0
 
 
 class Event(Record, kw_only=True, omit_defaults=True):

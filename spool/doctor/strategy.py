@@ -161,4 +161,13 @@ def warnings(
             + (f" whose listings lag {lag:.0f} s" if lag else "")
             + ": use at least 60 s (docs/research/nas.md 4.5)."
         )
+    # The longer of the two lags: a new name not listed yet, a moved one still found.
+    lags = [v for k in ("listing_seconds", "stale_stat_seconds") if (v := f["lag"].facts.get(k)) is not None]
+    late = max(lags, default=None)
+    if shared and late is not None and cfg.recovery.mount_lag < 2 * late:
+        out.append(
+            f"[recovery] mount_lag = {cfg.recovery.mount_lag:g} s is short for a mount that shows "
+            f"another's changes {late:g} s late: recovering a worker gone on another mount of this "
+            f"host may miss its last writes (a generation's provider job); use at least {2 * late:g} s."
+        )
     return out

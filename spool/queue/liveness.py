@@ -15,6 +15,12 @@
   policy (``[recovery] auto_recover`` with ``stale_after``) or an operator's
   ``spool recover --worker W``.
 
+Seen late: a worker that wrote through another client of a shared spool (another
+host, or another mount of it on this host: another FUSE or NFS client) may have
+writes this mount does not show yet. Its death is certain at once, but what it
+left is certain only ``[recovery] mount_lag`` later: :func:`settles_in` says how
+long a recoverer still waits.
+
 Clock skew: hosts disagree about the time, so a heartbeat is never compared
 with the observer's wall clock alone. A long-lived observer (a daemon)
 remembers when *it* first saw each heartbeat value and measures staleness on
@@ -113,6 +119,42 @@ class Observer:
             self._seen[rec.worker] = (rec.beats, now)
             return 0.0
         return now - prev[1]
+
+
+class Gone:
+    """Remembers, on this process's monotonic clock, when each worker process was first
+    seen gone (dead or stopped). A gone process beats no more, so its last beat and pid
+    name it; the same worker started again is a new process."""
+
+    def __init__(self) -> None:
+        self._since: dict[tuple[str, int, int], float] = {}
+
+    def seen_for(self, rec: WorkerRecord) -> float:
+        """Seconds since ``rec``'s process was first seen gone (0 now, the first time)."""
+        now = time.monotonic()
+        return now - self._since.setdefault((rec.worker, rec.pid, rec.beats), now)
+
+
+def same_client(tree: Tree, rec: WorkerRecord) -> bool:
+    """Whether ``rec``'s worker wrote through the client cache we read through: this host
+    and the same device, so every write it made shows here at once."""
+    try:
+        return rec.host == HOST and rec.device != 0 and rec.device == os.stat(tree.root).st_dev
+    except OSError:
+        return False
+
+
+def settles_in(tree: Tree, h: WorkerHealth, mount_lag: float, gone: Gone | None = None) -> float:
+    """Seconds before recovering a dead or stopped worker sees everything it wrote: 0 when
+    it wrote through our client; else ``mount_lag`` after ``gone`` first saw it gone
+    (without ``gone``: seen just now)."""
+    rec = h.record
+    if h.health not in ("dead", "stopped") or same_client(tree, rec):
+        return 0.0
+    if rec.host == HOST and rec.boot_id != boot_id():
+        return 0.0  # every client cache here was filled after the reboot, after its last write
+    seen = gone.seen_for(rec) if gone is not None else 0.0
+    return max(0.0, mount_lag - seen)
 
 
 def assess(

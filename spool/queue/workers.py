@@ -96,6 +96,7 @@ class Heartbeat:
             max_active=max_active,
             temp_disk_limit=temp_disk_limit,
             version=version.installed(),
+            device=os.stat(tree.root).st_dev,
         )
         #: The state of the last beat written durably (``None``: none yet by this process).
         self._durable_state: str | None = None

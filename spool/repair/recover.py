@@ -443,6 +443,9 @@ class WorkerPlan:
     act: bool
     why: str
     jobs: list[Outcome]
+    #: Seconds before it may act: a worker gone while writing through another mount,
+    #: whose last writes may not show here yet (``[recovery] mount_lag``).
+    wait: float = 0.0
 
 
 def plan(
@@ -452,13 +455,16 @@ def plan(
     force: bool = False,
     auto: bool = False,
     observer: liveness.Observer | None = None,
+    gone: liveness.Gone | None = None,
 ) -> list[WorkerPlan]:
     """Decide, per worker with jobs in ``running/``, whether to recover it and how.
 
     Dead workers (same host, certain) are recovered. A suspect worker (another
     host, stale heartbeat) only when named by an operator (``worker=``) or when
     policy allows (``auto`` and ``[recovery] auto_recover``). An alive worker
-    only with ``force``: an operator who knows it is hung.
+    only with ``force``: an operator who knows it is hung. A gone worker that wrote
+    through another mount waits (``WorkerPlan.wait``) until ``gone`` has known it gone
+    for ``[recovery] mount_lag``: plan again then.
     """
     stale = ctx.cfg.recovery.stale_after
     server = None if observer is not None else liveness.server_now(ctx.tree)
@@ -470,13 +476,23 @@ def plan(
         if not jobs:
             continue
         rec = read(ctx.tree.worker_file(w), WorkerRecord, replaced=True)  # a heartbeat may be mid-replace
+        wait = 0.0
         if rec is None:
             health, evidence = "unknown", "no worker record in workers/"
         else:
             h = liveness.assess(ctx.tree, rec, stale, observer=observer, server_time=server)
             health, evidence = h.health, h.reason
+            wait = liveness.settles_in(ctx.tree, h, ctx.cfg.recovery.mount_lag, gone)
         named = worker is not None
-        if health in ("dead", "stopped") or (health == "unknown" and not auto):
+        if wait > 0:
+            # Certain it is gone, not yet certain of what it left: a generation's provider
+            # job not visible here would be created a second time.
+            act = False
+            why = (
+                f"{w} is {health} ({evidence}) but wrote through another mount, whose last "
+                f"writes may show here only in {wait:.0f} s ([recovery] mount_lag)"
+            )
+        elif health in ("dead", "stopped") or (health == "unknown" and not auto):
             # "unknown" needs a human: on a lagging NAS listing the record may just be late.
             act, why = True, f"{w} is {health}: {evidence}"
         elif health == "suspect" and (named or (auto and ctx.cfg.recovery.auto_recover)):
@@ -494,7 +510,7 @@ def plan(
                 else "use --force if you know it is hung"
             )
         outcomes = [o for jid in jobs if (o := recover(ctx, jid, owner=w, dry_run=True)) is not None]
-        out.append(WorkerPlan(w, health, evidence, act, why, outcomes))
+        out.append(WorkerPlan(w, health, evidence, act, why, outcomes, wait))
     return out
 
 
