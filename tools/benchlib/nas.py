@@ -27,7 +27,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections import Counter
@@ -112,26 +111,18 @@ def sftp_requests(log: Path) -> Counter[str]:
 def redis_commands(meta_url: str) -> Counter[str]:
     """Commands a redis-server has run so far, by command (``INFO commandstats``): for
     JuiceFS, whose metadata lives there, what a workload costs its metadata engine."""
-    hostport = meta_url.split("://", 1)[1].split("/", 1)[0]
-    host, _, port = hostport.rpartition(":")
-    with socket.create_connection((host, int(port)), timeout=30) as s:
-        s.sendall(b"INFO commandstats\r\n")
-        head = b""
-        while b"\r\n" not in head:  # "$<length>\r\n", then the text
-            chunk = s.recv(65536)
-            if not chunk:
-                raise RuntimeError(f"{meta_url}: no answer to INFO")
-            head += chunk
-        size, _, body = head.partition(b"\r\n")
-        while len(body) < int(size[1:]):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            body += chunk
+    import redis  # the bench extra's client (RQ's too)
+
+    client = redis.Redis.from_url(meta_url, socket_timeout=30)
+    try:
+        stats = client.info("commandstats")
+    finally:
+        client.close()
     out: Counter[str] = Counter()
-    for name, calls in re.findall(r"^cmdstat_([a-z|_]+):calls=(\d+)", body.decode(errors="replace"), re.M):
+    for key, row in stats.items():
+        name = key.removeprefix("cmdstat_")
         if name != "info":  # this very question
-            out[name] = int(calls)
+            out[name] = int(row["calls"])
     return out
 
 
