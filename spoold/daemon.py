@@ -33,7 +33,7 @@ from spool.disk import diskfull, formats, groupcommit
 from spool.disk.tree import Tree, commit_riders, make_dirs, visible_names
 from spool.kinds import capacities
 from spool.kinds.pools import Pools
-from spool.queue import accept, claim, depends, execute, publish, quarantine
+from spool.queue import accept, claim, depends, execute, liveness, publish, quarantine
 from spool.queue.arrivals import Arrivals
 from spool.queue.events import Journal
 from spool.queue.execute import Context
@@ -209,6 +209,17 @@ class Daemon:
     def _adopt(self) -> None:
         for p in fsck.sweep_leftovers(self.tree):
             log.info("removed %s: %s", p.path, p.problem)
+        prev = self.identity.previous
+        if prev is not None and recover.jobs_of(self.tree, self.worker):
+            # Its last writes went through another mount: what they left (a generation's
+            # provider job) shows here only once this mount's caches let it.
+            wait = liveness.settles_in(self.tree, prev, self.cfg.recovery.mount_lag)
+            if wait > 0:
+                log.info(
+                    "this worker's previous process wrote through another mount: its jobs wait %.0f s", wait
+                )
+                if not self.pause(wait, "its previous process's writes to show through this mount"):
+                    return
         for outcome in recover.adopt(self.ctx):
             log.info("adopted %s: %s -> %s", outcome.job_id, outcome.decision, outcome.to_state)
             self.carry_on(outcome)

@@ -180,10 +180,11 @@ def test_a_death_seen_through_another_mount_settles_for_mount_lag(tree):
     that mount's caches let it: recovery waits mount_lag from the first sighting."""
     here = os.stat(tree.root).st_dev
     gone = liveness.Gone()
-    same = liveness.assess(tree, _record(tree, f"{HOST}-here", host=HOST), 60)
-    assert same.health == "dead" and liveness.settles_in(tree, same, 0.3, gone) == 0.0
-    other = liveness.assess(tree, _record(tree, f"{HOST}-there", host=HOST, device=here + 1), 60)
-    assert other.health == "dead"
+    same = _record(tree, f"{HOST}-here", host=HOST)
+    assert liveness.assess(tree, same, 60).health == "dead"
+    assert liveness.settles_in(tree, same, 0.3, gone) == 0.0
+    other = _record(tree, f"{HOST}-there", host=HOST, device=here + 1)
+    assert liveness.assess(tree, other, 60).health == "dead"
     assert liveness.settles_in(tree, other, 0.3, gone) == 0.3  # seen just now
     assert liveness.settles_in(tree, other, 0.3) == 0.3  # a one-shot look: just now as well
     time.sleep(0.15)
@@ -191,17 +192,13 @@ def test_a_death_seen_through_another_mount_settles_for_mount_lag(tree):
     time.sleep(0.2)
     assert liveness.settles_in(tree, other, 0.3, gone) == 0.0
     # a record from a daemon that did not say its device: it may have been another mount
-    old = liveness.assess(tree, _record(tree, f"{HOST}-older", host=HOST, device=0), 60)
-    assert liveness.settles_in(tree, old, 0.3, gone) == 0.3
+    assert liveness.settles_in(tree, _record(tree, f"{HOST}-older", host=HOST, device=0), 0.3, gone) == 0.3
     # after a reboot every cache here was filled after its last write
     rebooted = _record(tree, f"{HOST}-before", host=HOST, boot="another-boot", device=here + 1)
-    assert liveness.settles_in(tree, liveness.assess(tree, rebooted, 60), 0.3, gone) == 0.0
+    assert liveness.settles_in(tree, rebooted, 0.3, gone) == 0.0
     # the same worker started again is a new process: its own wait
     again = _record(tree, f"{HOST}-there", host=HOST, pid=999_998, device=here + 1)
-    assert liveness.settles_in(tree, liveness.assess(tree, again, 60), 0.3, gone) == 0.3
-    # a live worker has nothing to settle
-    alive = liveness.assess(tree, _record(tree, "far-alive", host="far"), 60)
-    assert alive.health == "alive" and liveness.settles_in(tree, alive, 0.3, gone) == 0.0
+    assert liveness.settles_in(tree, again, 0.3, gone) == 0.3
 
 
 def test_recovery_of_a_worker_gone_through_another_mount_waits_then_acts(tree, cfg, assets):
@@ -261,3 +258,18 @@ def test_running_daemon_recovers_a_worker_gone_through_another_mount_after_mount
 
 def _epoch(iso: str) -> float:
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def test_a_worker_restarted_on_another_mount_adopts_its_jobs_after_mount_lag(tree, cfg, assets, daemons):
+    """The previous process of this very identity wrote through another mount: its own
+    jobs wait as another worker's would."""
+    jid = _stranded(tree, cfg, assets, f"{HOST}-w1")
+    _record(tree, f"{HOST}-w1", host=HOST, device=os.stat(tree.root).st_dev + 1)
+    settings.write(tree.config_file, {"recovery": {"mount_lag": 2.0}})
+    d = daemons(tree, "w1")
+    wait_for(lambda: (tree.complete / f"{jid}.json").exists(), timeout=60)
+    assert "wrote through another mount: its jobs wait 2 s" in d.output()
+    started = json.loads(tree.worker_file(f"{HOST}-w1").read_text())["started_at"]
+    lines = [json.loads(x) for f in tree.events.glob("*.jsonl") for x in f.read_text().splitlines()]
+    [back] = [e for e in lines if e["job"] == jid and e["to"] == "pending"]
+    assert "recovery" in back["reason"] and _epoch(back["ts"]) - _epoch(started) >= 2.0

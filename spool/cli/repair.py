@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from typing import Annotated, Any
 
 import typer
@@ -38,7 +37,6 @@ def recover_cmd(
     """Inspect interrupted attempts and recover them by evidence (dead workers; suspect ones when named)."""
     # here: the other typer commands stay off the attempt machinery (+~9-26 ms)
     from spool.queue.execute import Context
-    from spool.queue.liveness import Gone  # as recovery does, which imports it anyway
 
     # here: the other typer commands stay off worker identities (+~1-3 ms)
     from spool.queue.workers import Identity
@@ -56,16 +54,12 @@ def recover_cmd(
         if not dry_run:
             # Our own folder first: jobs a crashed earlier `spool recover` left holding.
             recover.adopt(ctx)
-        gone = Gone()
-        plans = recover.plan(ctx, worker=worker, force=force, gone=gone)
-        wait = max((p.wait for p in plans), default=0.0)
-        if wait > 0 and not dry_run:
-            # A worker gone while writing through another mount: what it left shows here
-            # only once that mount's caches let it (the plan says why).
-            if not as_json:
-                typer.echo(f"waiting {wait:.0f} s for this mount to show what another mount wrote", err=True)
-            time.sleep(wait)
-            plans = recover.plan(ctx, worker=worker, force=force, gone=gone)
+        if dry_run:
+            plans = recover.plan(ctx, worker=worker, force=force)
+        else:
+            plans = recover.plan_settled(
+                ctx, worker=worker, force=force, told=None if as_json else _tell_wait
+            )
         done = [] if dry_run else recover.execute_plan(ctx, plans)
     finally:
         ident.release()
@@ -104,6 +98,10 @@ def recover_cmd(
             typer.echo(f"    {pr(o.job_id)}: {o.decision} -> {o.to_state}: {pr(o.reason)}")
     for o in done:
         typer.echo(f"recovered {pr(o.job_id)}: {o.decision} -> {o.to_state}")
+
+
+def _tell_wait(seconds: float) -> None:
+    typer.echo(f"waiting {seconds:.0f} s for this mount to show what another mount wrote", err=True)
 
 
 @app.command("fsck")

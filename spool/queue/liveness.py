@@ -144,16 +144,15 @@ def same_client(tree: Tree, rec: WorkerRecord) -> bool:
         return False
 
 
-def settles_in(tree: Tree, h: WorkerHealth, mount_lag: float, gone: Gone | None = None) -> float:
-    """Seconds before recovering a dead or stopped worker sees everything it wrote: 0 when
-    it wrote through our client; else ``mount_lag`` after ``gone`` first saw it gone
-    (without ``gone``: seen just now)."""
-    rec = h.record
-    if h.health not in ("dead", "stopped") or same_client(tree, rec):
+def settles_in(tree: Tree, gone_rec: WorkerRecord, mount_lag: float, gone: Gone | None = None) -> float:
+    """Seconds before everything the gone (dead or stopped) process ``gone_rec`` wrote
+    shows here: 0 when it wrote through our client; else ``mount_lag`` after ``gone``
+    first saw it gone (without ``gone``: seen just now)."""
+    if same_client(tree, gone_rec):
         return 0.0
-    if rec.host == HOST and rec.boot_id != boot_id():
+    if gone_rec.host == HOST and gone_rec.boot_id != boot_id():
         return 0.0  # every client cache here was filled after the reboot, after its last write
-    seen = gone.seen_for(rec) if gone is not None else 0.0
+    seen = gone.seen_for(gone_rec) if gone is not None else 0.0
     return max(0.0, mount_lag - seen)
 
 

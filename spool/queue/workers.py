@@ -37,6 +37,8 @@ class Identity:
     tree: Tree
     worker: str
     _file: IO[bytes] | None = field(default=None, repr=False)
+    #: The record the previous process of this identity left (read when acquired).
+    previous: WorkerRecord | None = field(default=None, repr=False)
 
     def acquire(self) -> None:
         # here: readers of worker records stay off portalocker (+~97 ms)
@@ -54,7 +56,7 @@ class Identity:
         # A lock taken through another mount of this spool on this host is invisible
         # here (FUSE keeps locks per mount); the previous holder's record and its open
         # lock file are not.
-        rec = read(self.tree.worker_file(self.worker), WorkerRecord)
+        rec = self.previous = read(self.tree.worker_file(self.worker), WorkerRecord)
         if (
             rec is not None
             and rec.host == HOST

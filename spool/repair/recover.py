@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import logging
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -482,7 +484,8 @@ def plan(
         else:
             h = liveness.assess(ctx.tree, rec, stale, observer=observer, server_time=server)
             health, evidence = h.health, h.reason
-            wait = liveness.settles_in(ctx.tree, h, ctx.cfg.recovery.mount_lag, gone)
+            if health in ("dead", "stopped"):
+                wait = liveness.settles_in(ctx.tree, rec, ctx.cfg.recovery.mount_lag, gone)
         named = worker is not None
         if wait > 0:
             # Certain it is gone, not yet certain of what it left: a generation's provider
@@ -512,6 +515,27 @@ def plan(
         outcomes = [o for jid in jobs if (o := recover(ctx, jid, owner=w, dry_run=True)) is not None]
         out.append(WorkerPlan(w, health, evidence, act, why, outcomes, wait))
     return out
+
+
+def plan_settled(
+    ctx: Context,
+    *,
+    worker: str | None = None,
+    force: bool = False,
+    told: Callable[[float], None] | None = None,
+) -> list[WorkerPlan]:
+    """:func:`plan` for a one-shot recoverer (``spool recover``): a plan that must wait
+    for a gone worker's writes to show here (``WorkerPlan.wait``) is made again after
+    that wait, which ``told`` hears of first."""
+    gone = liveness.Gone()
+    plans = plan(ctx, worker=worker, force=force, gone=gone)
+    wait = max((p.wait for p in plans), default=0.0)
+    if wait > 0:
+        if told is not None:
+            told(wait)
+        time.sleep(wait)
+        plans = plan(ctx, worker=worker, force=force, gone=gone)
+    return plans
 
 
 def execute_plan(ctx: Context, plans: list[WorkerPlan]) -> list[Outcome]:
