@@ -153,6 +153,7 @@ def test_leftovers_deep_in_the_tree_are_removed_too(done):
     library's segments, held/ (on a NAS every write-once file takes a temp name)."""
     places = [
         done.attempt_dir("good@1", 1) / ".attempt.json.host.1.abcd0123.tmp",
+        done.job_attempts("good@1") / ".delay.json.host.1.abcd0123.tmp",
         done.root / "index" / "_segments" / ".x.jsonl.host.1.abcd0123.tmp",
         done.held / ".z@1.json.host.1.abcd0123.tmp",
     ]
