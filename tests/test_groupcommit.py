@@ -251,6 +251,22 @@ def test_a_crash_between_a_job_file_and_its_frozen_copy_makes_the_copy_at_redeli
     assert json.loads(r.stdout)["problems"] == [], r.stdout
 
 
+def test_a_crash_after_claims_made_in_the_accept_batch_tells_nothing_and_runs_each_once(tree: Tree, daemons):
+    """Format 2 claims the drops it accepts in the same batch (one set of folder fsyncs):
+    killed after those claims and before the fsyncs, nothing was told and nothing started;
+    the restart recovers the claims and recognises the redelivered drops."""
+    allow_noop(tree, limits={"max_active": 3})
+    names = ["ac-a", "ac-b", "ac-c"]
+    _drop(tree, names)
+    d = daemons(tree, "w1", drain=True, env={"SPOOL_CRASH_AT": "mid_accept_claims"})
+    assert d.wait(timeout=60) == -9
+    assert _running(tree) == [f"{n}@1.json" for n in names]  # claimed in the accept batch
+    assert _taken(tree) == names  # every drop kept under the claim name
+    assert _journal(tree) == []  # neither the acceptance nor a claim was told
+    assert all(tree.attempt_numbers(f"{n}@1") == [] for n in names)  # none started
+    _drained_once_each(tree, daemons, names)
+
+
 def test_a_crash_between_the_folders_of_an_accept_batch_loses_nothing(tree: Tree, daemons):
     allow_noop(tree)
     names = ["gs-a", "gs-b"]

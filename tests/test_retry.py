@@ -113,9 +113,18 @@ def test_a_job_returned_with_a_delay_since_it_was_looked_up_is_given_back_not_ru
     d = Daemon(tree, cfg, "probe", hooks=[])
     if known == "accepted-here":
         (tree.incoming / "early.json").write_bytes(noop_sub("early"))
+        # Every slot busy, so the acceptance batch claims nothing (with a free slot it
+        # claims the job at once, before any other host could return it with a delay).
+        busy = {pool: [f"busy-{pool}-{k}" for k in range(n)] for pool, n in d.pools.capacity.items()}
+        for pool, holders in busy.items():
+            for h in holders:
+                d.pools.take(h, pool)
         # No watcher runs (as on a NAS): the drop is taken once quiet for incoming_quiet.
         wait_for(lambda: d._accept(time.monotonic()) > 0, timeout=10)
-        assert d.index.fresh("early@1")
+        assert d.index.fresh("early@1") and d.stats["claims"] == 0
+        for holders in busy.values():
+            for h in holders:
+                d.pools.give_back(h)
     else:
         accept.accept_bytes(tree, cfg, noop_sub("early"), "tester")
         d.index.refresh()

@@ -43,6 +43,7 @@ OTHER_POINTS = (
     # Group commit (spool.disk.groupcommit): job files of an acceptance batch written, their
     # folders not fsynced and the drops kept; and between the folder fsyncs of a batch.
     "mid_accept_batch",
+    "mid_accept_claims",  # drops accepted and claimed in one batch (format 2), nothing fsynced or told
     "after_job_file",  # an accepted job file written, its frozen copy attempts/J/job.json not yet
     "mid_group_sync",
     # Adoption (spool.library.adopt): a file's adopt job accepted, not yet claimed.
