@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from spool.disk.tree import HOST
+
 ROOT = Path(__file__).resolve().parents[1]
 #: tools/bench.py itself, not the tools/bench wrapper: the wrapper runs tools/setup, which
 #: may install into the .venv other tests are importing spool from at that moment.
@@ -78,11 +80,14 @@ def test_timeline_times_each_step_of_a_job_inside_the_daemon(tmp_path: Path) -> 
     claim, cycle = proc.stdout.split("\ncycle: ")
     assert claim.startswith("drop-to-claim: 12 jobs one at a time")
     steps = [line.split()[-1] for line in claim.splitlines()[2:]]
-    # In the order a claim takes them: the job file durable, acceptance told, then the claim.
+    # In the order a claim takes them: the job file durable, the claim in the same batch,
+    # the batch's folders, then the acceptance told and the attempt started.
     for earlier, later in [
-        ("accept.accept_incoming", "S/pending/#new"),
-        ("S/pending/#new", "accept.keep_submission"),
-        ("accept.keep_submission", "claim.claim"),
+        ("accept.take_batch", "S/pending/#new"),
+        ("S/pending/#new", "claim.claim"),
+        ("claim.claim", f"S/running/{HOST}-t0"),
+        (f"S/running/{HOST}-t0", "accept.Batch.tell"),
+        ("accept.Batch.tell", "accept.keep_submission"),
         ("claim.claim", "execute.started"),
     ]:
         assert steps.index(earlier) < steps.index(later), steps
