@@ -447,9 +447,14 @@ class Daemon:
                 raise  # the loop backs off and says so once
             log.exception("accepting from incoming/ failed")
             return 0
-        self._start_claimed(claimed, v2)  # durable now
+        # Durable now. The acceptance's lines come before any claimed job's "running" line
+        # (its thread writes one); the drops are moved out once the jobs are on their way.
         try:
-            outcomes = batch.tell(self.tree)
+            try:
+                batch.release_lines()
+            finally:
+                self._start_claimed(claimed, v2)  # durable: they start whatever telling met
+            outcomes = batch.keep_drops(self.tree)
         except Exception as exc:
             if diskfull.is_disk_full(exc):
                 raise

@@ -86,9 +86,9 @@ def test_timeline_times_each_step_of_a_job_inside_the_daemon(tmp_path: Path) -> 
         ("accept.take_batch", "S/pending/#new"),
         ("S/pending/#new", "claim.claim"),
         ("claim.claim", f"S/running/{HOST}-t0"),
-        (f"S/running/{HOST}-t0", "accept.Batch.tell"),
-        ("accept.Batch.tell", "accept.keep_submission"),
-        ("claim.claim", "execute.started"),
+        (f"S/running/{HOST}-t0", "accept.Batch.release_lines"),
+        ("accept.Batch.release_lines", "accept.keep_submission"),
+        ("accept.Batch.release_lines", "execute.started"),
     ]:
         assert steps.index(earlier) < steps.index(later), steps
     assert "12 jobs drained by 1 daemon x 1 slot" in cycle

@@ -61,7 +61,7 @@ WRAPPED = (
     ("spoold.daemon", "Daemon._take_events"),
     ("spool.queue.accept", "accept_incoming"),
     ("spool.queue.accept", "take_batch"),
-    ("spool.queue.accept", "Batch.tell"),
+    ("spool.queue.accept", "Batch.release_lines"),
     ("spool.queue.accept", "_accept_batch"),
     ("spool.queue.accept", "_read_submission"),
     ("spool.queue.accept", "build_job"),

@@ -781,7 +781,15 @@ class Batch:
         """Durable now: the journal lines, then the drops moved out (a drop that outlives a
         crash in between is redelivered, and recognised). Raises a full disk met while
         making the batch, after telling what was done before it."""
+        self.release_lines()
+        return self.keep_drops(tree)
+
+    def release_lines(self) -> None:
+        """The first half of :meth:`tell`: the journal lines."""
         self.held.release()
+
+    def keep_drops(self, tree: Tree) -> list[Outcome]:
+        """The second half of :meth:`tell`: the drops moved out; the outcomes."""
         for outcome, taken in self.taken_of:
             if isinstance(outcome, Accepted):
                 keep_submission(tree, outcome.job.job_id, taken)
