@@ -17,8 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from spool.disk.tree import HOST
-
 ROOT = Path(__file__).resolve().parents[1]
 #: tools/bench.py itself, not the tools/bench wrapper: the wrapper runs tools/setup, which
 #: may install into the .venv other tests are importing spool from at that moment.
@@ -85,8 +83,7 @@ def test_timeline_times_each_step_of_a_job_inside_the_daemon(tmp_path: Path) -> 
     for earlier, later in [
         ("accept.take_batch", "S/pending/#new"),
         ("S/pending/#new", "claim.claim"),
-        ("claim.claim", f"S/running/{HOST}-t0"),
-        (f"S/running/{HOST}-t0", "accept.Batch.release_lines"),
+        ("claim.claim", "accept.Batch.release_lines"),
         ("accept.Batch.release_lines", "accept.keep_submission"),
         ("accept.Batch.release_lines", "execute.started"),
     ]:
