@@ -83,9 +83,10 @@ def test_timeline_times_each_step_of_a_job_inside_the_daemon(tmp_path: Path) -> 
     for earlier, later in [
         ("accept.take_batch", "S/pending/#new"),
         ("S/pending/#new", "claim.claim"),
+        # after the batch's fsyncs: steps microseconds apart are not ordered by their medians
         ("claim.claim", "accept.Batch.release_lines"),
-        ("accept.Batch.release_lines", "accept.keep_submission"),
-        ("accept.Batch.release_lines", "execute.started"),
+        ("claim.claim", "accept.keep_submission"),
+        ("claim.claim", "execute.started"),
     ]:
         assert steps.index(earlier) < steps.index(later), steps
     assert "12 jobs drained by 1 daemon x 1 slot" in cycle
