@@ -58,8 +58,9 @@ def published(request, tree, cfg):
     return tree, [publish(tree, cfg, noop_sub(f"cut{i}")) for i in range(2)]
 
 
-#: The record holding a published attempt's staged manifest, written without fsync:
-#: format 1's result.json; format 2's attempt.json, which is not fsynced at all.
+#: A published attempt's record written without fsync: format 1's result.json (its
+#: staged manifest); format 2's attempt.json, which is not fsynced at all (its staged
+#: manifest is the manifest's own first name, fsynced before the manifest is named).
 STAGED = {1: "result.json", 2: "attempt.json"}
 
 

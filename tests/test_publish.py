@@ -107,9 +107,9 @@ def test_attempt_records_and_progress(tree, cfg, journal, assets):
     prog = json.loads((d / "progress.json").read_text())
     assert prog["done"] is True and prog["percent"] == 100.0 and prog["frame"] > 0
     assert (d / "ffmpeg.log").read_text().startswith("$ ffmpeg ")
-    result = staged_result(d)  # format 2: in attempt.json (format 1: result.json)
+    result = staged_result(d)  # format 2: the manifest's first name (format 1: a copy)
     assert result == decode(tree.manifest_file(job.job_id).read_bytes(), Manifest)
-    assert rec["result"] is not None and not (d / "result.json").exists()
+    assert rec["result"] is None and os.path.samefile(d / "result.json", tree.manifest_file(job.job_id))
     events = [json.loads(line) for line in (tree.events / "test.jsonl").read_text().splitlines()]
     assert [(e["from"], e["to"]) for e in events] == [("pending", "running"), ("running", "complete")]
 

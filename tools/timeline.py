@@ -76,7 +76,6 @@ WRAPPED = (
     ("spool.queue.publish", "prepare"),
     ("spool.queue.publish", "_stored"),
     ("spool.queue.publish", "_manifest"),
-    ("spool.queue.publish", "stage_result"),
     ("spool.queue.publish", "Prepared"),
     ("spool.disk.store", "put"),
     ("spool.queue.execute", "gate"),

@@ -365,31 +365,55 @@ class Prepared:
     the kernel frees it. Elsewhere (NFS, SMB, FUSE mounts refuse ``O_TMPFILE``) a hidden
     temp name in the final folder, linked by :func:`link_no_replace`; a crash leaves that
     temp name, which ``spool fsck`` removes once its writer is gone. The folder is never
-    fsynced here: naming is the caller's step, and so is its folder's fsync."""
+    fsynced here: naming is the caller's step, and so is its folder's fsync.
 
-    __slots__ = ("_data", "_durable", "_fd", "_mode", "_temp", "path")
+    ``first_name``: the bytes are written there first (exclusive create) and keep that
+    name after :meth:`link` gives them their second: a record of the writer's own, in a
+    folder only it writes (an attempt's ``result.json``, whose second name is
+    ``manifests/J.json``). Its readers must take a torn file for a missing one (a crash
+    mid-write leaves one). No temp name is made or removed, on any filesystem; if it
+    exists already, the bytes take the way above."""
 
-    def __init__(self, path: Path, data: bytes, *, mode: int | None = None, durable: bool = True) -> None:
+    __slots__ = ("_data", "_durable", "_fd", "_kept", "_mode", "_temp", "path")
+
+    def __init__(
+        self,
+        path: Path,
+        data: bytes,
+        *,
+        mode: int | None = None,
+        durable: bool = True,
+        first_name: Path | None = None,
+    ) -> None:
         self.path = path
         self._data = data
         self._mode = mode
         self._durable = durable
         self._fd = -1  # the unnamed file, kept open: its only handle until it is linked
-        self._temp: Path | None = None  # or the temp name
-        self._write(unnamed=True)
+        self._temp: Path | None = None  # or the temp name (or first_name)
+        self._kept = False  # _temp is first_name: a record, never removed here
+        self._write(unnamed=first_name is None, first_name=first_name)
 
-    def _write(self, *, unnamed: bool) -> None:
+    def _write(self, *, unnamed: bool, first_name: Path | None = None) -> None:
         mode = self._mode
+        create = os.O_WRONLY | os.O_CREAT | os.O_EXCL
         fd = _open_unnamed(self.path.parent, mode) if unnamed else -1
+        if fd < 0 and first_name is not None:
+            try:
+                fd = os.open(first_name, create, 0o666 if mode is None else mode)
+                self._temp, self._kept = first_name, True
+            except (FileExistsError, FileNotFoundError):
+                fd = -1  # taken (or its folder gone): the bytes take the other way
         if fd < 0:
             self._temp = self.path.parent / temp_name(self.path.name)
-            fd = os.open(self._temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if mode is None else mode)
+            fd = os.open(self._temp, create, 0o666 if mode is None else mode)
         try:
             _write_all(fd, self._data, self._durable)
             if mode is not None and needs_chmod(mode, mode):
                 os.fchmod(fd, mode)  # the umask narrowed it
         except BaseException:
             os.close(fd)
+            self._kept = False  # a first name half-written goes too
             self.discard()
             raise
         if self._temp is None:
@@ -427,19 +451,25 @@ class Prepared:
             _name_fd(self._fd, self._temp)
             os.close(self._fd)
             self._fd = -1
+        elif self._kept:
+            assert self._temp is not None
+            temp = dst.parent / temp_name(dst.name)
+            link_no_replace(self._temp, temp)  # the first name stays
+            self._temp, self._kept = temp, False
         assert self._temp is not None
         os.replace(self._temp, dst)
         self._temp = None
 
     def discard(self) -> None:
-        """Let the bytes go (after :meth:`link` too: the temp name, if any, is removed);
-        idempotent."""
+        """Let the bytes go (after :meth:`link` too: the temp name, if any, is removed;
+        a first name stays); idempotent."""
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-        if self._temp is not None:
+        if self._temp is not None and not self._kept:
             _drop(self._temp)
-            self._temp = None
+        self._temp = None
+        self._kept = False
 
 
 def _name_fd(fd: int, dst: Path) -> None:

@@ -10,10 +10,11 @@ once seen, is never given again (and the job's frozen copy there is durable).
 
 Inside: ``attempt.json`` (who and when), ``work/`` (the only place a partial
 output may exist), ``ffmpeg.log``, ``progress.json``, and at the end the staged
-result (format 1: ``result.json``; format 2: ``attempt.json`` written again with
-it) or ``failure.json``, or ``interrupted.json`` when a stop or a crash cut it
-short. No worker writes into another's attempt, and recovery never deletes or
-rewrites one.
+result ``result.json`` (format 1: a copy of the manifest; format 2: the manifest's
+own first name, the same file as ``manifests/J.json``; earlier format-2 code wrote
+it into ``attempt.json`` instead, which readers still take) or ``failure.json``, or
+``interrupted.json`` when a stop or a crash cut it short. No worker writes into
+another's attempt, and recovery never deletes or rewrites one.
 
 Durability (:mod:`spool.disk.formats`): format 1 fsyncs ``attempt.json`` and the
 staging folder before the rename. Format 2 fsyncs none of the three for an attempt
@@ -222,25 +223,9 @@ def write_result(attempt: Attempt, manifest: Manifest) -> Path:
     return attempt.record("result.json", manifest, durable=False)
 
 
-def stage_result(attempt: Attempt, rec: AttemptRecord | None, manifest: Manifest) -> Path:
-    """Format 2: ``attempt.json`` written again, with the staged manifest (not fsynced,
-    as :func:`write_result`). ``rec`` is the record as written at claim (``None`` when a
-    crash left it unreadable: the manifest's copy of the identity stands in)."""
-    base = rec or AttemptRecord(
-        job_id=manifest.job_id,
-        n=manifest.attempt,
-        worker=manifest.worker,
-        host=manifest.host,
-        pid=manifest.pid,
-        boot_id=manifest.boot_id,
-        claimed_at=manifest.claimed_at,
-    )
-    return attempt.record("attempt.json", msgspec.structs.replace(base, result=manifest), durable=False)
-
-
 def staged_result(attempt_dir: Path) -> Manifest | None:
-    """The result an attempt staged, in either format (``attempt.json``'s, else
-    ``result.json``), or ``None``."""
+    """The result an attempt staged (``attempt.json``'s, as earlier format-2 code
+    wrote it, else ``result.json``), or ``None``: a torn one reads as ``None``."""
     rec = read(attempt_dir / "attempt.json", AttemptRecord)
     if rec is not None and rec.result is not None:
         return rec.result

@@ -5,8 +5,9 @@ and one rule for an existing manifest. Each step is durable before the next:
 
 1. fence: the job file is still in ``running/<me>/``;
 2. link the validated file into the store (idempotent, content-addressed);
-3. the staged result in the attempt: the manifest as this attempt stages it
-   (format 1: ``result.json``; format 2: ``attempt.json`` written again).
+3. the staged result in the attempt: the manifest as this attempt stages it,
+   ``result.json`` (format 1: a copy, not fsynced; format 2: the manifest's own bytes,
+   fsynced, which step 4 gives their second name).
    The manifest keeps the gate's measurement of the file (``validation.media``);
    a kind whose check did not record one has the stored file measured here;
 4. fence again, then ``manifests/J.json`` by :func:`install_manifest`;
@@ -23,7 +24,7 @@ running job whose attempt holds the evidence recovery needs.
 **Batches** (format 2, :mod:`spool.disk.formats`). The same steps for several jobs
 that end close together, in two halves. :func:`prepare`, on the attempt's own
 thread: steps 1-3, the object's bytes fsynced and linked into the store, the
-manifest written and fsynced under a hidden temp name (nothing named yet).
+manifest written and fsynced as the attempt's ``result.json`` (not yet in ``manifests/``).
 :func:`commit`, once for the batch: every manifest linked into ``manifests/``, then
 one index segment for them all (:mod:`spool.library.segments`, its bytes fsynced),
 then the objects' store folders, ``manifests/`` and the segments' folder fsynced at once;
@@ -61,7 +62,7 @@ from spool.disk.records import read
 from spool.disk.tree import Prepared, Tree, fsync_dir, transfer
 from spool.library import index
 from spool.media.validate import CONTAINER_FORMATS, measure
-from spool.queue.attempt import Attempt, stage_result, write_result
+from spool.queue.attempt import Attempt, write_result
 from spool.queue.context import Context
 
 log = logging.getLogger("spool.queue.publish")
@@ -247,9 +248,13 @@ def prepare(
     crashpoint("after_store_link")
     rec = attempt.claim_record()
     manifest = _manifest(ctx, job, attempt, stored, report, render_seconds, note, rec)
-    stage_result(attempt, rec, manifest)
+    # The staged result is the manifest's own first name: its bytes, fsynced, as the
+    # attempt's result.json, linked into manifests/ by the commit (no second copy, and no
+    # temp name to make and remove where there are no unnamed files: over a NAS that is
+    # about ten round trips a job fewer than a temp manifest plus attempt.json rewritten).
+    first = attempt.dir / "result.json"
+    prepared = Prepared(ctx.tree.manifest_file(job.job_id), encode(manifest), mode=0o444, first_name=first)
     crashpoint("after_result")
-    prepared = Prepared(ctx.tree.manifest_file(job.job_id), encode(manifest), mode=0o444)
     return Ready(job, attempt, manifest, prepared, note, why, on_stage)
 
 
