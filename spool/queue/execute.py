@@ -79,15 +79,23 @@ def execute(ctx: Context, job_id: str) -> str:
 
 
 def start(
-    ctx: Context, job_id: str, *, durable: bool | None = None, first: bool = False
+    ctx: Context,
+    job_id: str,
+    *,
+    durable: bool | None = None,
+    first: bool = False,
+    job: JobBase | None = None,
 ) -> tuple[JobBase, Attempt] | str:
     """Open the attempt of a job this worker has just claimed (the same for every kind
     and runner), or the outcome if it can never run (``quarantined``, ``lost``, ``early``).
 
     ``durable``: whether the attempt's record is fsynced before it starts (format 1
     always; format 2 only where asked: a driven kind's attempt writes durable states
-    of its own into it). ``first``: see :func:`spool.queue.attempt.open_attempt`."""
-    loaded = load_claimed(ctx, job_id)
+    of its own into it). ``first``: see :func:`spool.queue.attempt.open_attempt`.
+    ``job``: the job as this process wrote it into the file it then claimed (the daemon's
+    acceptance batch), used as it is: the check of :func:`load_claimed` is for bytes
+    someone else wrote or may have edited since."""
+    loaded = job if job is not None else load_claimed(ctx, job_id)
     if isinstance(loaded, quarantine.Damaged):
         return _quarantine(ctx, job_id, loaded)
     if loaded is None:
