@@ -76,28 +76,32 @@ def put(
     try:
         digest, size = _sha256_of(fd)
         final = tree.store_file(digest, ext)
-        make_dirs(final.parent)
-        if _same_object(final, size):
-            return Stored(digest, size, final, "existing")
         os.fchmod(fd, 0o444)
         os.fsync(fd)
     finally:
         os.close(fd)
+    # No look first (is the shard there, is the object): the link answers both, and each
+    # look is a round trip on a NAS. An object published already costs a needless fchmod
+    # and fsync of the candidate, which is rare (equal outputs of different jobs).
     try:
-        if prefer_link:
-            method = link_or_copy(candidate, final, digest, mode=0o444, folder_later=folder_later)
-            return Stored(digest, size, final, method)
-        copy_verified(candidate, final, digest, mode=0o444, folder_later=folder_later)
-    except FileExistsError:  # published meanwhile, by content: the same bytes
+        try:
+            return Stored(digest, size, final, _place(candidate, final, digest, prefer_link, folder_later))
+        except FileNotFoundError:
+            if final.parent.is_dir():
+                raise  # the candidate is gone, not the shard
+            make_dirs(final.parent)  # all 256 are made at spool init; one removed since
+            return Stored(digest, size, final, _place(candidate, final, digest, prefer_link, folder_later))
+    except FileExistsError:  # published already (or meanwhile), by content: the same bytes
         return Stored(digest, size, final, "existing")
-    return Stored(digest, size, final, "copy")
 
 
-def _same_object(final: Path, size: int) -> bool:
-    try:
-        return final.stat().st_size == size
-    except FileNotFoundError:
-        return False
+def _place(candidate: Path, final: Path, digest: str, prefer_link: bool, folder_later: bool) -> str:
+    """The candidate under its store name: linked (or copied where links fail), or
+    copied and verified; how (``link``, ``copy``). Raises ``FileExistsError``."""
+    if prefer_link:
+        return link_or_copy(candidate, final, digest, mode=0o444, folder_later=folder_later)
+    copy_verified(candidate, final, digest, mode=0o444, folder_later=folder_later)
+    return "copy"
 
 
 def objects(tree: Tree) -> Iterator[Path]:

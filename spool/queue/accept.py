@@ -701,11 +701,12 @@ def _taken_prefix(worker: str) -> str:
 
 def take_incoming(
     tree: Tree, worker: str, arrivals: Arrivals | None = None
-) -> Iterator[tuple[str, Path, bool]]:
+) -> Iterator[tuple[str, Path, bool, os.stat_result | None]]:
     """Claim finished drops in ``incoming/`` one by one by renaming each to a
     hidden name of this worker's (rename is the one exclusive primitive across
-    hosts). Yields (original name, claimed path, redelivered); leftovers a
-    crash left under this worker's prefix come first, marked redelivered.
+    hosts). Yields (original name, claimed path, redelivered, its ``lstat`` from just
+    before the rename or ``None``); leftovers a crash left under this worker's prefix
+    come first, marked redelivered.
 
     ``arrivals`` decides which drops are finished (:mod:`spool.queue.arrivals`);
     without it every drop is taken (for callers that know the writers are done).
@@ -716,12 +717,13 @@ def take_incoming(
     except FileNotFoundError:
         return
     for name in sorted(n for n in names if n.startswith(prefix)):
-        yield name[len(prefix) :], tree.incoming / name, True
+        yield name[len(prefix) :], tree.incoming / name, True, None
     if arrivals is not None:
         arrivals.prune(set(names))
     for name in sorted(names):
         if not name.endswith(".json") or not is_visible(name):
             continue
+        st: os.stat_result | None = None
         if arrivals is not None:
             if arrivals.not_yet(name):
                 continue  # seen, its wait not over: no look (a round trip on a NAS)
@@ -738,7 +740,7 @@ def take_incoming(
             continue  # another acceptor took it, or it was withdrawn
         if arrivals is not None:
             arrivals.taken(name)
-        yield name, taken, False
+        yield name, taken, False, st
 
 
 def accept_incoming(
@@ -854,10 +856,10 @@ def _accept_batch(
     taken_of: list[tuple[Outcome, Path]],
     until: float | None = None,
 ) -> None:
-    for raw_name, taken, redelivered in take_incoming(tree, worker, arrivals):
+    for raw_name, taken, redelivered, looked in take_incoming(tree, worker, arrivals):
         name = display_name(raw_name)
         try:
-            outcome = _accept_drop(tree, cfg, name, taken, redelivered, worker, journal)
+            outcome = _accept_drop(tree, cfg, name, taken, redelivered, worker, journal, looked)
             out.append(outcome)
             taken_of.append((outcome, taken))
         except Exception as exc:  # a bug must not wedge the queue on one file
@@ -890,10 +892,20 @@ def _accept_batch(
 
 
 def _accept_drop(
-    tree: Tree, cfg: Config, name: str, taken: Path, redelivered: bool, worker: str, journal: _Recorder
+    tree: Tree,
+    cfg: Config,
+    name: str,
+    taken: Path,
+    redelivered: bool,
+    worker: str,
+    journal: _Recorder,
+    looked: os.stat_result | None = None,
 ) -> Outcome:
+    # ``looked``: its lstat just before this worker's rename took it (the same file: one
+    # look fewer, a round trip on a NAS). Should another file have been renamed over the
+    # name in between, the read below still refuses anything but a regular file.
     try:
-        st = os.lstat(taken)
+        st = looked or os.lstat(taken)
     except FileNotFoundError:
         raise InvalidInput("submission", f"{name} vanished while being accepted") from None
     user = _user_name(st.st_uid)
