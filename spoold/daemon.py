@@ -683,8 +683,8 @@ class Daemon:
         rooms: dict[str, int],
     ) -> None:
         """Claim into free slots (inside the caller's batch): (job, pool, first) each, where
-        ``first`` says this daemon accepted the job and knows of no attempt of it (its
-        attempt is numbered 1 without a listing: :func:`spool.queue.attempt.open_attempt`)."""
+        ``first`` says its attempt tries number 1 without a listing (the index expects no
+        earlier attempt: :meth:`spool.queue.claim.PendingIndex.guess_first`)."""
         for jid in self.index.ordered():
             if self.stopping or self.pools.full():
                 break
@@ -705,7 +705,7 @@ class Daemon:
                         need,
                     )
                 continue  # leave it pending; a smaller job may fit now, this one later
-            first = self.index.fresh(jid)
+            first = self.index.guess_first(jid)
             self.index.discard(jid)  # either ours now, or somebody else's
             if not claim.claim(self.tree, self.worker, jid):
                 self.stats["claim_conflicts"] += 1

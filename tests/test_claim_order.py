@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from pathlib import Path
 
 import pytest
 
 from spool.disk.tree import Tree
-from spool.queue import claim
+from spool.queue import claim, retry
 
 
 @pytest.fixture()
@@ -109,16 +110,18 @@ def test_a_job_indexed_from_its_accepted_bytes_is_not_looked_up_for_a_delay(tree
     assert looked == ["old@1"]
 
 
-def test_only_a_job_accepted_here_and_never_gone_is_fresh(tree: Tree):
-    """Fresh (its first attempt numbered without a listing): accepted by this process and
-    not out of the index since. A job read from its file may have run elsewhere."""
+def test_number_1_is_guessed_for_a_job_accepted_here_or_found_without_a_delay(tree: Tree):
+    """An attempt is numbered 1 without a listing (guess_first) for a job accepted by this
+    process, or one whose lookup found no retry delay; a job with a delay has run before."""
     _write(tree, "old@1", 0, 1, 0)
+    _write(tree, "retried@1", 0, 1, 1)
+    (tree.attempts / "retried@1").mkdir()
+    retry.delay_until(tree, "retried@1", time.time() - 5, 1, "a retryable failure")  # over
     index = _indexed(tree)
     body = {"job_id": "new@1", "operation": "noop", "priority": 0, "submitted_at": "2026-01-01T00:02:00Z"}
     index.note_accepted("new@1", json.dumps(body).encode())
-    assert index.fresh("new@1") and not index.fresh("old@1")
+    assert index.guess_first("new@1") and not index.guess_first("old@1")  # not looked up yet
+    assert sorted(index.ordered()) == ["new@1", "old@1", "retried@1"]
+    assert index.guess_first("old@1") and not index.guess_first("retried@1")
     index.discard("new@1")  # claimed (by anyone): back in pending/ later, it may have run
-    assert not index.fresh("new@1")
-    _write(tree, "new@1", 0, 1, 0)
-    index.note("new@1")
-    assert sorted(index.ordered()) == ["new@1", "old@1"] and not index.fresh("new@1")
+    assert not index.guess_first("new@1")

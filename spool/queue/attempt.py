@@ -120,8 +120,9 @@ def open_attempt(
     (format 2's slot attempts; see the module docstring); ``durable=True``: all three
     (``attempts/<job_id>/`` inside a group-commit batch at its end).
 
-    ``first``: the caller knows of no earlier attempt (it accepted the job a moment ago),
-    so number 1 is tried without listing ``attempts/<job_id>/`` (a round trip on a NAS).
+    ``first``: the caller expects no earlier attempt (it accepted the job a moment ago, or
+    found no retry delay), so number 1 is tried without listing ``attempts/<job_id>/`` (a
+    round trip on a NAS).
     A wrong guess costs one refused rename and then a listing, never a number used
     twice: attempt folders are never removed while their job lives.
 

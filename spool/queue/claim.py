@@ -120,7 +120,7 @@ class PendingIndex:
         #: job IDs whose retry delay has been looked up since they entered pending/
         self._checked: set[str] = set()
         #: job IDs this process accepted that have not left the index since (see fresh)
-        self._fresh: set[str] = set()
+        self._guess_first: set[str] = set()
         #: names in pending/ that cannot be a job file (see take_damaged)
         self._damaged: set[str] = set()
         #: job ID -> resource pool, for jobs outside the render pool (few; saves memory)
@@ -271,7 +271,7 @@ class PendingIndex:
         # job fewer, a round trip each on a NAS). Should another host run it and return
         # it with a delay unseen here, the claim's attempt refuses it (attempt.NotYet).
         self._checked.add(jid)
-        self._fresh.add(jid)
+        self._guess_first.add(jid)
         key = self._merge(jid, self._parse(data, jid))
         if key is not None:
             bisect.insort(self._sorted, key)
@@ -347,6 +347,8 @@ class PendingIndex:
                 wait_until = retry.not_before(self.tree, k.job_id)
                 if wait_until is not None:
                     self._delayed[k.job_id] = wait_until
+                else:
+                    self._guess_first.add(k.job_id)  # no listing at the claim (a round trip)
                 if self.worker is not None and blocklist.blocks(self.tree, k.job_id, self.worker):
                     self._blocked.add(k.job_id)
             if k.job_id in self._blocked:
@@ -406,12 +408,15 @@ class PendingIndex:
         self._pool.pop(jid, None)
         self._blocked.discard(jid)
         self._checked.discard(jid)
-        self._fresh.discard(jid)
+        self._guess_first.discard(jid)
 
-    def fresh(self, jid: str) -> bool:
-        """Whether ``jid`` was accepted by this process and has not left the index since:
-        no attempt of it is known (its first is numbered without a listing)."""
-        return jid in self._fresh
+    def guess_first(self, jid: str) -> bool:
+        """Whether the claim's attempt tries number 1 before any listing of the job's
+        attempts (:func:`spool.queue.attempt.open_attempt`): a job this process accepted
+        and that has not left the index since, or one whose lookup found no retry delay
+        (a job with a delay has run before; most without one have not, and a wrong guess
+        costs one refused rename before the listing, never a number used twice)."""
+        return jid in self._guess_first
 
 
 def claim(tree: Tree, worker: str, job_id: str) -> bool:
