@@ -8,7 +8,8 @@ anyway; this module is how ``spool fsck`` keeps that promise:
 
 * :func:`damaged_records`: every record file of the tree that is empty or not
   JSON, each with the repair the tree proves. An attempt's ``result.json``
-  (the staged manifest, written without fsync) is written again from
+  (format 1's staged manifest, written without fsync; format 2's is the manifest's
+  own first name, fsynced, so never torn by a cut) is written again from
   ``manifests/J.json`` when that manifest names the attempt: the same bytes the
   attempt staged. Hints that nothing proves (progress, a generation's
   ``gen/progress.json``, worker records, enrichment, poster frames) are set aside under
