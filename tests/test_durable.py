@@ -218,3 +218,58 @@ def test_a_first_claim_wins_though_another_thread_made_the_worker_folder_meanwhi
     monkeypatch.setattr(os, "rename", rename)
     assert durable.transfer(src, dst)
     assert raced and dst.read_bytes() == b"{}" and not src.exists()
+
+
+def test_prepared_bytes_keep_their_first_name_after_their_second(tmp_path: Path) -> None:
+    """Prepared(first_name=): written once under the writer's own name (an attempt's
+    result.json), linked to the final name (manifests/J.json), never a temp name; the
+    first name stays after the link, after discard, and after a replace."""
+    own, final = tmp_path / "attempt", tmp_path / "manifests"
+    own.mkdir()
+    final.mkdir()
+    p = durable.Prepared(final / "j.json", b"manifest", mode=0o444, first_name=own / "result.json")
+    assert (own / "result.json").read_bytes() == b"manifest" and os.listdir(final) == []
+    p.link()
+    p.discard()
+    assert os.path.samefile(own / "result.json", final / "j.json") and os.listdir(final) == ["j.json"]
+    assert stat.S_IMODE(os.stat(final / "j.json").st_mode) == 0o444
+    # A damaged manifest in place: the bytes replace it through a temp name of their own.
+    (final / "k.json").write_bytes(b"torn")
+    q = durable.Prepared(final / "k.json", b"other", mode=0o444, first_name=own / "result-k.json")
+    with pytest.raises(FileExistsError):
+        q.link()
+    q.replace(final / "k.json")
+    q.discard()
+    assert os.path.samefile(own / "result-k.json", final / "k.json")
+    assert sorted(os.listdir(final)) == ["j.json", "k.json"]
+
+
+def test_prepared_bytes_take_a_temp_name_when_the_first_name_is_taken(tmp_path: Path) -> None:
+    own, final = tmp_path / "attempt", tmp_path / "manifests"
+    own.mkdir()
+    final.mkdir()
+    (own / "result.json").write_bytes(b"an earlier one")
+    p = durable.Prepared(final / "j.json", b"manifest", first_name=own / "result.json")
+    p.link()
+    p.discard()
+    assert (own / "result.json").read_bytes() == b"an earlier one"  # never replaced
+    assert (final / "j.json").read_bytes() == b"manifest" and os.listdir(final) == ["j.json"]
+    gone = durable.Prepared(final / "g.json", b"x", first_name=tmp_path / "no-such-folder" / "result.json")
+    gone.link()
+    gone.discard()
+    assert (final / "g.json").read_bytes() == b"x"
+
+
+def test_a_first_name_half_written_is_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write that fails (a full disk) leaves no short record under the first name."""
+    own = tmp_path / "attempt"
+    own.mkdir()
+
+    def full(fd: int, data: bytes, durable_: bool) -> None:
+        os.write(fd, data[:3])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(durable, "_write_all", full)
+    with pytest.raises(OSError):
+        durable.Prepared(tmp_path / "j.json", b"manifest", first_name=own / "result.json")
+    assert os.listdir(own) == []

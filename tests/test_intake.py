@@ -360,6 +360,36 @@ def test_the_loops_own_moves_bring_it_no_work_and_wake_nothing(tree: Tree):
         d.journal.close()
 
 
+def test_a_job_claimed_in_its_acceptance_batch_starts_from_the_job_written(tree: Tree, monkeypatch):
+    """The claim moved the very file the batch wrote: its job starts from the object in
+    hand, not read back (five round trips on a NAS). A job another process accepted is
+    read and checked at its claim, as ever."""
+    from libhelp import allow_noop, noop_sub
+
+    from spool.queue import execute
+    from spoold.daemon import Daemon
+
+    read_back: list[str] = []
+    real = execute.load_claimed
+    monkeypatch.setattr(execute, "load_claimed", lambda ctx, jid: read_back.append(jid) or real(ctx, jid))
+    d = Daemon(tree, allow_noop(tree), "probe", hooks=[])
+    try:
+        (tree.incoming / "own.json").write_bytes(noop_sub("own"))
+        wait_for(lambda: d._accept(time.monotonic()) > 0, timeout=10)  # quiet, then taken
+        assert d.stats["claims"] == 1
+        wait_for(lambda: d._ready, timeout=30)
+        d._fill_slots()
+        assert (tree.complete / "own@1.json").is_file() and read_back == []
+        accept.accept_bytes(tree, d.cfg, noop_sub("theirs"), "another acceptor")
+        d.index.refresh()
+        d._fill_slots()
+        wait_for(lambda: d._ready, timeout=30)
+        d._fill_slots()
+        assert (tree.complete / "theirs@1.json").is_file() and read_back == ["theirs@1"]
+    finally:
+        d.journal.close()
+
+
 def test_the_loop_sleeps_on_inotify_beside_its_waker_and_leaves_the_events_to_the_watcher(tree: Tree):
     """The loop's one wait ends on a ring or on inotify; it consumes the rings only: the
     events stay for the watcher, which reads them all (the next wait sleeps again)."""

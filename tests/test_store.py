@@ -41,3 +41,29 @@ def test_put_opens_the_candidate_once_and_asks_its_size_of_nobody(tree: Tree, mo
     got = store.put(tree, cand, ".bin")
     assert got.size == 5000
     assert opens.count(str(cand)) == 1 and fstats == []
+
+
+def test_put_looks_at_nothing_before_its_link_and_makes_a_missing_shard(tree: Tree, monkeypatch):
+    """The link answers whether the object is there and whether its shard is: no stat of
+    either before it (a round trip each on a NAS). A shard removed since spool init is made."""
+    calls: list[tuple[str, str]] = []
+    real_stat, real_link = os.stat, os.link
+    monkeypatch.setattr(
+        os, "stat", lambda p, *a, **k: calls.append(("stat", os.fspath(p))) or real_stat(p, *a, **k)
+    )
+    monkeypatch.setattr(
+        os, "link", lambda s, d, *a, **k: calls.append(("link", os.fspath(d))) or real_link(s, d, *a, **k)
+    )
+    for name, data, remove_shard in (("cand.bin", b"y" * 100, True), ("other.bin", b"z" * 100, False)):
+        cand = tree.root / name
+        cand.write_bytes(data)
+        final = tree.store_file(hashlib.sha256(data).hexdigest(), ".bin")
+        if remove_shard:
+            final.parent.rmdir()  # made empty at spool init
+        calls.clear()
+        got = store.put(tree, cand, ".bin")
+        assert got.method == "link" and got.path == final and final.read_bytes() == data
+        first_link = calls.index(("link", str(final)))
+        assert ("stat", str(final)) not in calls  # the object is never looked at
+        if not remove_shard:
+            assert not [c for c in calls[:first_link] if c[0] == "stat"]  # nothing before the link
