@@ -905,7 +905,7 @@ def _accept_drop(
     # look fewer, a round trip on a NAS). Should another file have been renamed over the
     # name in between, the read below still refuses anything but a regular file.
     try:
-        st = looked or os.lstat(taken)
+        st = looked if looked is not None else os.lstat(taken)
     except FileNotFoundError:
         raise InvalidInput("submission", f"{name} vanished while being accepted") from None
     user = _user_name(st.st_uid)

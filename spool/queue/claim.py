@@ -119,7 +119,7 @@ class PendingIndex:
         self._estimate: dict[str, int] = {}
         #: job IDs whose retry delay has been looked up since they entered pending/
         self._checked: set[str] = set()
-        #: job IDs this process accepted that have not left the index since (see fresh)
+        #: job IDs whose claim tries attempt number 1 without a listing (see guess_first)
         self._guess_first: set[str] = set()
         #: names in pending/ that cannot be a job file (see take_damaged)
         self._damaged: set[str] = set()
