@@ -516,6 +516,52 @@ def test_an_attempt_killed_before_it_began_never_orphans_the_create_before_it(tr
     assert r.returncode == 0 and json.loads(r.stdout)["problems"] == [], r.stdout
 
 
+@pytest.mark.parametrize("first", ["after_gen_create", "after_gen_create_logged"])
+@pytest.mark.parametrize("then", ["resumed", "recovered"])
+def test_an_heir_killed_between_its_intent_and_generating_never_creates_again(
+    tree, sim, daemons, first, then
+):
+    # Attempt 1 dies with its create made (only the create log knows the provider job) or
+    # of unknown fate; attempt 2 inherits it and dies right after its intent, before the
+    # move to generating. Whoever goes on (attempt 2 resumed by its worker, or attempt 3
+    # after a recover) must finish that inheritance: a create here pays twice and leaves
+    # attempt 1's provider job running with nobody watching it.
+    settings.write(tree.config_file, {"recovery": {"backoff": 0.2}})
+    with open(tree.config_file, "a") as f:
+        f.write(provider_table(sim).replace("deadline = 30", "deadline = 120"))
+    prompt = f"heir killed after {first}, {then}"
+    jid = submit(tree, gen_sub(f"gen-heir-{first.replace('_', '-')}-{then}", prompt))
+    d = daemons(tree, "w1", env={**ENV, "SPOOL_CRASH_AT": first})
+    assert d.wait(timeout=60) == -9, d.output()[-3000:]
+    assert run_cli("recover", spool=tree).returncode == 0
+    wait_for(lambda: tree.job_file("pending", jid).exists(), timeout=10)
+    d = daemons(tree, "w2", env={**ENV, "SPOOL_CRASH_AT": "after_gen_inherit_begin"})
+    assert d.wait(timeout=60) == -9, d.output()[-3000:]
+    heir = gen_view(tree, jid, 2)
+    assert heir.state == "submitted" and heir.record.inherited_from == 1
+    made = first == "after_gen_create"
+    if made:  # the intent itself names the provider job it carries on with
+        assert heir.record.how == "inherited"
+        assert heir.record.provider_job_id == gen_view(tree, jid, 1).creates[-1].outcome.provider_job_id
+    else:  # the create of unknown fate was copied before the intent
+        assert any("(sent by attempt 1)" in c.request.request for c in heir.creates)
+    if then == "recovered":
+        assert run_cli("recover", spool=tree).returncode == 0
+        wait_for(lambda: tree.job_file("pending", jid).exists(), timeout=10)
+    d = daemons(tree, "w2" if then == "resumed" else "w3", drain=True, env=ENV)
+    assert d.wait(timeout=90) == 0, d.output()[-3000:]
+    assert state_files(tree)["complete"] == [f"{jid}.json"]
+    assert creates(sim, prompt) == 1
+    n = read(tree.manifest_file(jid), Manifest).attempt
+    assert n == (2 if then == "resumed" else 3)
+    if made:
+        got = gen_view(tree, jid, n).records["generating"]
+        assert got.how == "inherited" and got.inherited_from == (1 if then == "resumed" else 2)
+        assert got.provider_job_id == heir.record.provider_job_id
+    r = run_cli("fsck", "--json", spool=tree)
+    assert r.returncode == 0 and json.loads(r.stdout)["problems"] == [], r.stdout
+
+
 def test_generations_in_flight_never_exceed_the_providers_allowance(tree, sim, daemons):
     with open(tree.config_file, "a") as f:
         f.write(provider_table(sim).replace("in_flight = 4", "in_flight = 2"))

@@ -104,6 +104,17 @@ def test_nothing_begun_begins_with_the_intent_or_inherits_the_previous_attempts_
     assert effect(facts(view(None), inheritable=inh)) is inh
 
 
+def test_an_intent_that_records_an_inherited_job_finishes_the_inheritance_never_creates():
+    # A crash between an heir's intent and its move to generating: even past the deadline,
+    # with the provider asking to wait, the recorded provider job is taken over, not paid again.
+    v = view("submitted", how="inherited", provider_job_id="p1", inherited_from=3)
+    for f in (facts(v), facts(v, now=T0 + 999), facts(v, blocked_until=T0 + 5)):
+        assert effect(f) == wf.Inherit(3, intent(), "p1")
+    # Inherited creates (no provider job) are settled like this attempt's own.
+    v = view("submitted", [create(1)], inherited_from=3)
+    assert effect(facts(v)) == wf.Find(1, since=T0)
+
+
 def test_a_submitted_attempt_sends_its_first_create_unless_the_provider_asked_to_wait():
     assert effect(facts(view("submitted"))) == wf.SendCreate(1)
     w = effect(facts(view("submitted"), blocked_until=T0 + 5))

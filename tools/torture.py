@@ -438,6 +438,14 @@ def _made_by(spool: Path, job_id: str, attempt: int) -> int:
     return attempt
 
 
+def _heir(intent: Path) -> bool:
+    """Whether an attempt's intent record names a provider job it inherited."""
+    try:
+        return bool(json.loads(intent.read_text()).get("provider_job_id"))
+    except (OSError, ValueError):
+        return False
+
+
 def _generation_figures(spool: Path, ids: list[str], sim: Any) -> dict[str, object]:
     """From the simulator's side: predictions made per job against its attempts that began
     (an intent on disk; one attempt never makes two), and whether each published
@@ -454,7 +462,13 @@ def _generation_figures(spool: Path, ids: list[str], sim: Any) -> dict[str, obje
     per_job = Counter(p.input.get("prompt") for p in made if not p.hidden)
     creates = sum(per_job[p] for p in prompt_of.values() if p is not None)
     attempts = {j: sum(1 for _ in (spool / "attempts" / j).glob("*/gen/1-submitted.json")) for j in ids}
-    over = sorted(j for j in ids if prompt_of[j] is not None and per_job[prompt_of[j]] > attempts[j])
+    # An heir whose intent names the provider job it took over may never create: only the
+    # others may each have made one prediction.
+    creators = {
+        j: sum(1 for p in (spool / "attempts" / j).glob("*/gen/1-submitted.json") if not _heir(p))
+        for j in ids
+    }
+    over = sorted(j for j in ids if prompt_of[j] is not None and per_job[prompt_of[j]] > creators[j])
     states = Counter(_state(spool, j) for j in ids)
     wrong = []
     by_id = {p.id: p for p in made}

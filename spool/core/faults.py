@@ -33,6 +33,7 @@ OTHER_POINTS = (
     "after_blocklist",
     # A generation's attempt, between its durable states (spool.kinds.generate):
     "after_gen_intent",
+    "after_gen_inherit_begin",  # an heir's intent durable (with the job it inherits), not yet generating
     "after_gen_create_logged",  # create request k durable in the create log, not yet sent
     "after_gen_create",  # the provider made the job; its ID is only in the create log
     "after_gen_ledger",  # the provider job entered in the ledger, the attempt not yet generating

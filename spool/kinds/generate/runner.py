@@ -378,24 +378,55 @@ class Runner:
         return None
 
     def _inherit(self, ctx: Context, job: GenerateJob, attempt: Attempt, eff: workflow.Inherit) -> None:
+        """Begin as the previous attempt's heir, in an order a crash anywhere resumes:
+
+        1. its creates to settle are copied into this attempt's create log (idempotent;
+           before the intent, which is the commit: a crash here leaves an attempt that
+           never began, and the next decision inherits the same again);
+        2. the intent, recording the attempt carried on from and its provider job;
+        3. the move to ``generating`` with that job (a crash before it: the workflow reads
+           the inheritance from the intent and comes back here, never to a create).
+        """
         gen = _gen(attempt)
         came = f"attempt {eff.from_attempt}"
-        try:
-            states.begin(gen, eff.intent, ctx.worker)
-        except states.Conflict:
-            return
-        self._event(ctx, job, attempt, "submitted", None, f"intent {eff.intent.key}, carrying on from {came}")
         for c in eff.creates:
             req = msgspec.structs.replace(c.request, request=f"{c.request.request} (sent by {came})")
-            states.log_create(gen, req)
+            try:
+                states.log_create(gen, req)
+            except states.Conflict:
+                pass  # copied before a crash: once is enough
             if c.outcome is not None:
                 states.log_create_result(gen, c.outcome)
+        try:
+            states.begin(
+                gen,
+                eff.intent,
+                ctx.worker,
+                inherited_from=eff.from_attempt,
+                provider_job_id=eff.provider_job_id,
+            )
+        except states.Conflict:
+            rec = states.read(gen).record
+            if (
+                rec is None
+                or rec.inherited_from != eff.from_attempt
+                or rec.provider_job_id != eff.provider_job_id
+            ):
+                return  # another contender began it otherwise: look again
+        else:
+            self._event(
+                ctx, job, attempt, "submitted", None, f"intent {eff.intent.key}, carrying on from {came}"
+            )
+            crashpoint("after_gen_inherit_begin")
         if eff.provider_job_id is None:
             return  # its create's fate is unknown: the workflow looks it up
-        states.transition(
-            gen, "generating", ctx.worker, expect="submitted", provider_job_id=eff.provider_job_id,
-            how="inherited", inherited_from=eff.from_attempt,
-        )  # fmt: skip
+        try:
+            states.transition(
+                gen, "generating", ctx.worker, expect="submitted", provider_job_id=eff.provider_job_id,
+                how="inherited", inherited_from=eff.from_attempt,
+            )  # fmt: skip
+        except states.Conflict:
+            return  # another contender moved it first: look again
         self._admit(job)
         self._event(
             ctx, job, attempt, "generating", "submitted",

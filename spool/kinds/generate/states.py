@@ -8,6 +8,7 @@ A generation attempt (SPEC section 8) moves forward only::
 Everything lives in ``attempts/<job>/<n>/gen/`` and is legible with ``ls``::
 
     1-submitted.json      the intent: idempotency key, provider, model, input hash, deadline
+                          (and the attempt it carries on from, with that provider job)
     2-generating.json     the provider's job ID (made or adopted or inherited), and how
     3-retrieving.json     the output URL the provider gave
     4-stored.json         sha256 and size of the verified file in the store
@@ -149,8 +150,10 @@ class StateRecord(Record, kw_only=True):
     intent: Intent
     provider_job_id: str | None = None
     #: How the provider job became this attempt's: ``created``, ``adopted`` (found by a
-    #: lookup after a lost reply) or ``inherited`` (from attempt ``inherited_from``).
+    #: lookup after a lost reply) or ``inherited`` (from attempt ``inherited_from``; already
+    #: in ``submitted``, where the inheritance is recorded before the move to ``generating``).
     how: str | None = None
+    #: The attempt this one carried on from: its provider job, or its creates to settle.
     inherited_from: int | None = None
     provider_status: str | None = None
     output_url: str | None = None
@@ -488,13 +491,23 @@ def _unlink(path: Path) -> None:
         pass
 
 
-def begin(gen: Path, intent: Intent, by: str) -> StateRecord:
+def begin(
+    gen: Path, intent: Intent, by: str, *, inherited_from: int | None = None,
+    provider_job_id: str | None = None,
+) -> StateRecord:  # fmt: skip
     """Make the intent durable (state ``submitted``) BEFORE any create request.
 
-    Exclusive: a second ``begin`` of the same attempt raises :class:`Conflict`.
+    An attempt that carries on from attempt ``inherited_from`` records that here, with
+    the provider job it takes over if there is one: the inheritance is then durable in
+    the same write as the intent, so a crash before the move to ``generating`` resumes
+    it, never a create beside a paid job nobody watches. Exclusive: a second ``begin``
+    of the same attempt raises :class:`Conflict`.
     """
     make_dirs(gen)
-    rec = StateRecord(state="submitted", at=now(), by=by, intent=intent)
+    rec = StateRecord(
+        state="submitted", at=now(), by=by, intent=intent, provider_job_id=provider_job_id,
+        how="inherited" if provider_job_id is not None else None, inherited_from=inherited_from,
+    )  # fmt: skip
     try:
         # The folder's fsync follows the marker's link, below: one for both names.
         write_atomic(gen / record_name("submitted"), encode(rec), replace=False, folder_later=True)

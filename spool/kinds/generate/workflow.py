@@ -12,7 +12,8 @@ this function, not a second table.
 How an attempt reads, top to bottom::
 
     begin         the intent is durable before any create (or: inherit the previous
-                  attempt's provider job, whose paid result is kept)
+                  attempt's provider job, whose paid result is kept; the intent records
+                  the inheritance, so a crash before generating finishes it, never creates)
     create        create request k is durable in the create log, the spending guard
                   reserves it, then it is sent; at most one create the provider may have
                   acted on: after an ambiguous reply (timeout, 5xx, malformed, lost) the
@@ -334,7 +335,13 @@ def decide(f: Facts) -> Step:
 def _submitted(f: Facts) -> Step:
     v = f.view
     assert v.record is not None
-    intent = v.record.intent
+    rec = v.record
+    if rec.how == "inherited" and rec.provider_job_id is not None and rec.inherited_from is not None:
+        # The intent recorded the previous attempt's provider job: a crash came before the
+        # move to generating. Finish that inheritance; a create here would pay twice.
+        inherit = Inherit(rec.inherited_from, rec.intent, rec.provider_job_id)
+        return Step(inherit, f"finish carrying on with attempt {rec.inherited_from}'s provider job")
+    intent = rec.intent
     creates = v.creates
     last = creates[-1] if creates else None
     if last is not None and last.outcome is not None and last.outcome.outcome == "made":
