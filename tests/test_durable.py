@@ -260,6 +260,21 @@ def test_prepared_bytes_take_a_temp_name_when_the_first_name_is_taken(tmp_path: 
     assert (final / "g.json").read_bytes() == b"x"
 
 
+def test_a_first_name_a_crash_left_empty_is_written_again(tmp_path: Path) -> None:
+    """A kill between the first name's create and its write leaves it empty: the writer's
+    next try takes the name over (bytes in it are never replaced: see the test above)."""
+    own, final = tmp_path / "attempt", tmp_path / "manifests"
+    own.mkdir()
+    final.mkdir()
+    (own / "result.json").write_bytes(b"")
+    p = durable.Prepared(final / "j.json", b"manifest", mode=0o444, first_name=own / "result.json")
+    p.link()
+    p.discard()
+    assert (own / "result.json").read_bytes() == b"manifest"
+    assert os.path.samefile(own / "result.json", final / "j.json")
+    assert sorted(os.listdir(own)) == ["result.json"] and os.listdir(final) == ["j.json"]
+
+
 def test_a_first_name_half_written_is_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A write that fails (a full disk) leaves no short record under the first name."""
     own = tmp_path / "attempt"

@@ -7,7 +7,7 @@ import os
 import signal
 import threading
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 
 import invariants
 import pytest
@@ -16,6 +16,7 @@ from libhelp import allow_noop, noop_sub
 
 from spool.core import settings
 from spool.core.config import Recovery
+from spool.core.model import Manifest, PublishedFile, ValidationReport, encode
 from spool.disk.tree import transfer
 from spool.queue import accept, claim, execute, retry
 from spool.queue.attempt import open_attempt
@@ -89,6 +90,33 @@ def test_operator_retry_mark_closes_the_attempt_for_recovery(tree, cfg, assets):
     assert recover.current_attempt(tree, "x@1", "w1") == 1
     retry.mark_operator_retry(tree, "x@1", "alice")
     assert recover.current_attempt(tree, "x@1", "w1") == 0
+
+
+@pytest.mark.parametrize(("left", "kept"), [(b"", False), (b'{"job_id": "x@1", "outp', False), (None, True)])
+def test_the_next_attempt_removes_a_result_its_predecessor_left_unfinished(tree, left, kept):
+    # Attempt 1 was killed writing result.json (format 2: the manifest's first name) and the
+    # job was taken over: attempt 2's opening removes what can never become a manifest, and
+    # keeps a readable one (the evidence recovery and gc read).
+    from spool.queue.attempt import open_attempt
+
+    tree.job_attempts("x@1").mkdir()
+    first = open_attempt(tree, "x@1", "w1")
+    staged = first.dir / "result.json"
+    if left is None:
+        t = datetime.now(UTC)
+        m = Manifest(
+            job_id="x@1", attempt=1, recipe_hash="r", sources=[], tags={}, worker="w1", claimed_at=t,
+            output=PublishedFile(
+                file="x.mp4", sha256="0" * 64, size=1, container="mp4", store_path="s", method="link"
+            ),
+            validation=ValidationReport(ok=True, decode_check="full", checks=[], seconds=0.0),
+            render_seconds=0.0, validate_seconds=0.0, published_at=t,
+        )  # fmt: skip
+        staged.write_bytes(encode(m))
+    else:
+        staged.write_bytes(left)
+    assert open_attempt(tree, "x@1", "w2").n == 2
+    assert staged.exists() == kept
 
 
 def _returned_with_a_delay_elsewhere(tree, jid: str) -> list[str]:

@@ -1075,6 +1075,8 @@ def _migrate_torture(lay: Layout, args: argparse.Namespace, rng: random.Random) 
 #: Where a daemon settling dependents may die (spool.queue.depends): each is in OTHER_POINTS too.
 DEPENDS_POINTS = ("after_resolve_write", "after_hold_record")
 assert set(DEPENDS_POINTS) <= set(OTHER_POINTS)
+#: Where a daemon running generations may die (spool.kinds.generate).
+GEN_POINTS = tuple(p for p in OTHER_POINTS if p.startswith("after_gen_"))
 
 
 def _maybe_point(rng: random.Random, args: argparse.Namespace) -> str | None:
@@ -1085,6 +1087,10 @@ def _maybe_point(rng: random.Random, args: argparse.Namespace) -> str | None:
     # settling dependents: frozen, or hold record written (tools/powerloss has no --depends)
     if getattr(args, "depends", 0) and rng.random() < 0.3:
         return rng.choice(DEPENDS_POINTS)
+    # between a generation's durable states: the money paths (a daemon running no generation
+    # passes none, and is killed later by the clock as usual)
+    if getattr(args, "generate", 0) and rng.random() < 0.3:
+        return rng.choice(GEN_POINTS)
     return rng.choice(DAEMON_OTHER_POINTS) if rng.random() < 0.2 else rng.choice(POINTS)
 
 

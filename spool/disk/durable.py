@@ -354,6 +354,18 @@ _unnamed_in: dict[str, bool] = {}
 _proc_links = True
 
 
+def _take_over_empty(path: Path, flags: int, mode: int) -> int:
+    """Create ``path`` again if it exists empty (a first name whose writer was killed
+    between its create and its write); -1 if it holds bytes or cannot be taken."""
+    try:
+        if os.lstat(path).st_size != 0:
+            return -1
+        os.unlink(path)
+        return os.open(path, flags, mode)
+    except OSError:
+        return -1
+
+
 class Prepared:
     """A new file's bytes, written (and fsynced when ``durable``) in ``path``'s folder,
     waiting for a name: :meth:`link` gives it one without replacing, :meth:`discard`
@@ -371,8 +383,10 @@ class Prepared:
     name after :meth:`link` gives them their second: a record of the writer's own, in a
     folder only it writes (an attempt's ``result.json``, whose second name is
     ``manifests/J.json``). Its readers must take a torn file for a missing one (a crash
-    mid-write leaves one). No temp name is made or removed, on any filesystem; if it
-    exists already, the bytes take the way above."""
+    mid-write leaves one). No temp name is made or removed, on any filesystem. If it
+    exists already, empty, it is a crash's leftover of the writer's own (a kill between
+    its create and its write) and is written again; with bytes, the new bytes take the way
+    above and it is kept."""
 
     __slots__ = ("_data", "_durable", "_fd", "_kept", "_mode", "_temp", "path")
 
@@ -401,9 +415,12 @@ class Prepared:
         if fd < 0 and first_name is not None:
             try:
                 fd = os.open(first_name, create, 0o666 if mode is None else mode)
+            except FileExistsError:
+                fd = _take_over_empty(first_name, create, 0o666 if mode is None else mode)
+            except FileNotFoundError:
+                fd = -1  # its folder is gone: the bytes take the other way
+            if fd >= 0:
                 self._temp, self._kept = first_name, True
-            except (FileExistsError, FileNotFoundError):
-                fd = -1  # taken (or its folder gone): the bytes take the other way
         if fd < 0:
             self._temp = self.path.parent / temp_name(self.path.name)
             fd = os.open(self._temp, create, 0o666 if mode is None else mode)

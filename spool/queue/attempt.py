@@ -44,7 +44,7 @@ from pathlib import Path
 import msgspec
 
 from spool.core.model import AttemptRecord, Failure, Manifest, Record, encode, now
-from spool.disk.records import read
+from spool.disk.records import damaged, read
 from spool.disk.tree import HOST, Tree, boot_id, fsync_dir, make_dirs, write_atomic, write_unseen
 from spool.queue import retry
 
@@ -174,9 +174,24 @@ def open_attempt(
                     raise
             n += 1
             rec = msgspec.structs.replace(rec, n=n)
+    if n > 1:
+        _drop_torn_result(parent / str(n - 1))
     if durable:
         fsync_dir(parent)
     return Attempt(tree, job_id, n, rec)
+
+
+def _drop_torn_result(attempt_dir: Path) -> None:
+    """The attempt before this one is over (this claim fenced it out), so a ``result.json``
+    it left empty or torn (killed while writing it: format 2's is the manifest's first
+    name) can never become a manifest: it goes, so that no crash leftover outlives the job.
+    One open of a name that is normally absent, on a retry only."""
+    path = attempt_dir / "result.json"
+    if damaged(path, Manifest) is not None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
 
 
 def _next_number(tree: Tree, job_id: str, claim: bool) -> int:
