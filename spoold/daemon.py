@@ -40,7 +40,7 @@ from spool.queue.execute import Context
 from spool.queue.publish import Ready
 from spool.queue.status import count
 from spool.queue.workers import Heartbeat, Identity
-from spool.repair import fsck, recover
+from spool.repair import recover
 from spoold.driver import Driver
 from spoold.hooks import Hook, call
 from spoold.notify import SystemdNotify
@@ -215,8 +215,6 @@ class Daemon:
         self.heartbeat.beat(state="running", active=[])
 
     def _adopt(self) -> None:
-        for p in fsck.sweep_leftovers(self.tree):
-            log.info("removed %s: %s", p.path, p.problem)
         prev = self.identity.previous
         if prev is not None and recover.jobs_of(self.tree, self.worker):
             # Its last writes went through another mount: what they left (a generation's

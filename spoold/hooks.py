@@ -10,7 +10,8 @@ the daemon's named surface, the only part of a ``Daemon`` a hook touches:
 
 * read: ``tree``, ``cfg``, ``ctx``, ``worker``, ``journal``, ``stopping``, ``slots``,
   ``pools``, ``index``, ``heartbeat``, ``stats``, ``hangups`` (SIGHUPs so far),
-  ``beat_written`` (this step wrote the heartbeat), ``orphans``;
+  ``beat_written`` (this step wrote the heartbeat), ``orphans``, ``drain`` (it ends once
+  nothing is left to do);
 * set: ``quarantined`` (why this worker claims nothing), ``disk_full_since``;
 * call: ``pause(seconds, why)``, ``beat_soon()``, ``use_config(cfg)``,
   ``carry_on(outcome)``.

@@ -13,6 +13,9 @@
   abnormally are recovered by evidence, with backoff (:class:`Orphans`).
 * :class:`IndexTidy`: format 2's library index segments compacted or merged when due,
   off the job path.
+* :class:`LeftoverSweep`: what interrupted writes of this host's dead processes left
+  (hidden temp names, attempt staging folders) removed once after the start, off the
+  job path: over a NAS the walk of every job's folders is ~15 requests a finished job.
 * :class:`AutoRecover`: look after other workers' jobs.
 
 Each reads and changes the daemon only through its named surface (the ``Hook``
@@ -42,7 +45,7 @@ from spool.disk import diskfull, formats
 from spool.disk.tree import Tree, apply_umask
 from spool.library import segments
 from spool.queue import blocklist, health, liveness
-from spool.repair import recover
+from spool.repair import fsck, recover
 from spoold.hooks import Hook
 
 if TYPE_CHECKING:
@@ -55,6 +58,7 @@ loop_log = logging.getLogger("spoold")
 def policies(tree: Tree, cfg: Config) -> list[Hook]:
     """The policies every daemon runs with, in the order they are consulted."""
     return [
+        LeftoverSweep(),  # first: its thread walks while the self-check renders
         HostQuarantine(),
         Backoff(cfg),
         ConfigReload(tree, cfg),
@@ -368,3 +372,38 @@ class IndexTidy(Hook):
     def stopped(self, daemon: Daemon) -> None:
         if self.thread is not None:
             self.thread.join()  # a merge ends cleanly (each step is safe to cut, but why cut it)
+
+
+class LeftoverSweep(Hook):
+    """Once started, on a thread of its own: remove the leftovers of interrupted writes
+    by dead processes of this host (:func:`spool.repair.fsck.sweep_leftovers`).
+
+    It walks every job's folders in ``attempts/``, which over a NAS with a long history
+    is minutes of requests; the daemon claims and publishes meanwhile, since no reader
+    takes a hidden name and no writer reuses one. A stopping daemon ends the walk at the
+    next job folder, except a draining one (``--drain``: nothing left to do, the sweep
+    included), which lets it finish."""
+
+    def __init__(self) -> None:
+        self.thread: threading.Thread | None = None
+        self.stop = threading.Event()
+
+    def started(self, daemon: Daemon) -> None:
+        tree = daemon.tree
+
+        def sweep() -> None:
+            try:
+                for p in fsck.sweep_leftovers(tree, stop=self.stop.is_set):
+                    log.info("removed %s: %s", p.path, p.problem)
+            except Exception:
+                loop_log.exception("sweeping the leftovers of interrupted writes failed; fsck finds them")
+
+        self.thread = threading.Thread(target=sweep, name="leftover-sweep", daemon=True)
+        self.thread.start()
+
+    def stopped(self, daemon: Daemon) -> None:
+        if self.thread is None:
+            return
+        if not daemon.drain:
+            self.stop.set()
+        self.thread.join()

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import stat
+import subprocess
 import threading
 import time
 
@@ -16,8 +17,10 @@ from libhelp import allow_noop, as_format_1, noop_sub
 
 from spool.core.model import Manifest
 from spool.disk.records import read
+from spool.disk.tree import HOST
 from spool.queue import accept, claim, execute
 from spool.queue.attempt import staged_result
+from spool.repair import fsck as fsck_mod
 
 
 @pytest.fixture()
@@ -146,6 +149,44 @@ def test_old_crash_leftovers_are_removed_young_ones_kept(done):
     assert code == 0
     assert sorted(p["path"] for p in out["problems"]) == sorted([done.relative(old), done.relative(staging)])
     assert not old.exists() and not staging.exists() and young.exists()
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+def test_a_daemon_sweeps_dead_writers_leftovers_once_started_and_never_a_live_ones(done, daemons):
+    # The sweep runs on a thread of its own after the start (over a NAS the walk of every
+    # job folder is minutes): a draining daemon lets it finish before it exits.
+    dead = _dead_pid()
+    gone = [
+        done.attempt_dir("good@1", 1) / f".attempt.json.{HOST}.{dead}.abcd0123.tmp",
+        done.job_attempts("bad@1") / f".new.{HOST}.{dead}.abcd0123",
+        done.pending / f".x@1.json.{HOST}.{dead}.abcd0123.tmp",
+    ]
+    kept = done.attempt_dir("good@1", 1) / f".result.json.{HOST}.{os.getpid()}.abcd0123.tmp"
+    for p in [*gone, kept]:
+        if p.name.startswith(".new."):
+            p.mkdir()
+        else:
+            p.write_text("{")
+    d = daemons(done, drain=True)
+    assert d.wait(timeout=60) == 0, d.output()[-2000:]
+    assert [p for p in gone if p.exists()] == [] and kept.exists()
+
+
+def test_a_stopped_sweep_leaves_the_job_folders_it_did_not_reach(done):
+    dead = _dead_pid()
+    flat = done.pending / f".x@1.json.{HOST}.{dead}.abcd0123.tmp"
+    deep = done.attempt_dir("good@1", 1) / f".attempt.json.{HOST}.{dead}.abcd0123.tmp"
+    for p in (flat, deep):
+        p.write_text("{")
+    assert [p.path for p in fsck_mod.sweep_leftovers(done, stop=lambda: True)] == [done.relative(flat)]
+    assert not flat.exists() and deep.exists()
+    assert [p.path for p in fsck_mod.sweep_leftovers(done)] == [done.relative(deep)]
+    assert not deep.exists()
 
 
 def test_leftovers_deep_in_the_tree_are_removed_too(done):

@@ -21,6 +21,7 @@ from spoold.notify import SystemdNotify
 from spoold.observers import Metrics, Thumbnails
 
 POLICIES = [
+    policies.LeftoverSweep,
     policies.HostQuarantine,
     policies.Backoff,
     policies.ConfigReload,

@@ -49,6 +49,7 @@ import os
 import shutil
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from spool import kinds
@@ -449,13 +450,18 @@ def _subfolders(folder: Path) -> list[str]:
     return [e.path for e in _entries(folder) if e.is_dir(follow_symlinks=False)]
 
 
-def sweep_leftovers(tree: Tree) -> list[Problem]:
-    """Remove what interrupted writes of dead processes of this host left behind
-    (a daemon does this at start, before it writes anything)."""
-    return _leftovers(tree, repair=True, grace=float("inf"))
+def sweep_leftovers(tree: Tree, stop: Callable[[], bool] | None = None) -> list[Problem]:
+    """Remove what interrupted writes of dead processes of this host left behind (a
+    daemon does this on a thread of its own once it has started: spoold.policies'
+    LeftoverSweep). Nothing waits for it: a leftover has a hidden name no reader takes
+    and no writer reuses, and a live process's are never touched. ``stop`` is asked
+    between job folders: what was found so far is removed, the rest waits."""
+    return _leftovers(tree, repair=True, grace=float("inf"), stop=stop)
 
 
-def _leftovers(tree: Tree, repair: bool, grace: float) -> list[Problem]:
+def _leftovers(
+    tree: Tree, repair: bool, grace: float, stop: Callable[[], bool] | None = None
+) -> list[Problem]:
     """Hidden temp files and attempt staging folders whose writer is a dead
     process of this host, or that are older than ``grace``."""
     out = []
@@ -488,6 +494,8 @@ def _leftovers(tree: Tree, repair: bool, grace: float) -> list[Problem]:
     # leftover it may hold: with 50,000 finished jobs this walk is most of a daemon's
     # start (over a NAS, four round trips a listing).
     for jdir in _subfolders(tree.attempts):
+        if stop is not None and stop():
+            break
         for entry in _entries(jdir):
             name = entry.name
             if name.startswith(".new.") or _is_temp(name):
