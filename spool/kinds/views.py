@@ -9,8 +9,9 @@ its folder with three functions:
   the page), the step each of its running jobs is at, and items for "Needs attention";
   ``running`` are the overview's rows (``job_id``, ``attempt``); ``None`` when none of
   them is the kind's;
-* ``families(worker, tree, running) -> list[Family]``: its Prometheus gauges, present with
-  zeros when none runs (``running``: the IDs of the running jobs);
+* ``families(worker, tree, running, mine) -> list[Family]``: its Prometheus gauges, present
+  with zeros when none runs (``running``: the IDs of the running jobs; ``mine``: those this
+  process runs, whose state a kind keeps in memory: none of them is read from its files);
 * ``left_behind(tree, job_id) -> list[(path, why)]``: attempts of an ended job the kind
   still owes a look (``spool fsck``, invariant 10).
 
@@ -66,9 +67,9 @@ def status(tree: Tree, running: list[dict[str, Any]], cfg: Config | None) -> lis
     return [s for w in watches() if (s := w.status(tree, running, cfg)) is not None]
 
 
-def families(worker: str, tree: Tree, running: list[str]) -> list[Family]:
-    """Every kind's gauges."""
-    return [f for w in watches() for f in w.families(worker, tree, running)]
+def families(worker: str, tree: Tree, running: list[str], mine: frozenset[str] = frozenset()) -> list[Family]:
+    """Every kind's gauges (``mine``: the running jobs this process runs)."""
+    return [f for w in watches() for f in w.families(worker, tree, running, mine)]
 
 
 def left_behind(tree: Tree, job_id: str) -> list[tuple[Path, str]]:

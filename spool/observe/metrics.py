@@ -282,7 +282,7 @@ class QueueView:
         counts["running"] = len(running)
         order: tuple[str, ...] = ("incoming", "waiting", "pending", "held", "running")
         order += ("complete", "failed", "rejected", "quarantine")
-        oldest_running = min((ct for _, ct in running), default=None)
+        oldest_running = min((ct for _, ct, _ in running), default=None)
 
         def age(at: float | None) -> float | None:
             return None if at is None else round(max(0.0, now - at), 1)
@@ -299,18 +299,19 @@ class QueueView:
             oldest_age,
             self._beats(own, now),
         )
-        kinds = views.families(own.worker, self.tree, [jid for jid, _ in running])
+        mine = frozenset(jid for jid, _, w in running if w == own.worker)
+        kinds = views.families(own.worker, self.tree, [jid for jid, _, _ in running], mine)
         return [*gauges, *kinds, *self._library(own.worker, now)]
 
-    def _running(self, now: float) -> list[tuple[str, float]]:
-        """(job ID, ctime) of every job in ``running/<worker>/``."""
+    def _running(self, now: float) -> list[tuple[str, float, str]]:
+        """(job ID, ctime, worker) of every job in ``running/<worker>/``."""
         run = self.tree.running
         workers = self.folders.get("running", (run,), partial(running_workers, self.tree), now)
-        out: list[tuple[str, float]] = []
+        out: list[tuple[str, float, str]] = []
         for w in workers:
             folder = run / w
             listed = self.folders.get(("running", w), (folder,), partial(list_folder, folder, stat=True), now)
-            out += [(name[:-5], ct) for ct, name in listed.entries]
+            out += [(name[:-5], ct, w) for ct, name in listed.entries]
         return out
 
     def _beats(self, own: Own, now: float) -> list[tuple[str, float]]:

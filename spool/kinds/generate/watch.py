@@ -178,16 +178,20 @@ def _attention(s: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def families(worker: str, tree: Tree, running: list[str]) -> list[Family]:
+def families(worker: str, tree: Tree, running: list[str], mine: frozenset[str] = frozenset()) -> list[Family]:
     """``spool_generation_attempts{state}`` and ``spool_generation_state_age_seconds{state}``:
     the generations this process moves from memory (:func:`states.known_state`), any other
-    from its files."""
+    from its files. A job of ``mine`` that memory does not know is not a generation (or one
+    that has not begun): it is not read (a listing of its attempts for every job of every
+    metrics write, ~0.4 requests a no-op job over a NAS)."""
     counts: dict[str, int] = {}
     ages: dict[str, float] = {}
     rows = []
     now = time.time()
     for jid in running:
         known = states.known_state(jid)
+        if known is None and jid in mine:
+            continue
         if known is None:
             nums = tree.attempt_numbers(jid)
             rows.append({"job_id": jid, "attempt": nums[-1] if nums else None})
