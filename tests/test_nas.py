@@ -186,6 +186,27 @@ def test_multimount_is_idempotent_and_down_leaves_nothing(nas, tmp_path):
 # -- spool doctor on the network mount ----------------------------------------------------
 
 
+def test_a_layouts_file_operations_are_counted_alone_and_the_leaner_one_sends_fewer(nas, tmp_path):
+    # tools/benchlib/layoutcost: one job's file operations, without a daemon, on a traced
+    # mount. The requests that do not depend on FUSE's caches are exact: format 2 makes and
+    # removes the job file's temp name (no unnamed files over FUSE) and three folders a job;
+    # the leaner layout removes nothing and makes two.
+    from benchlib import layoutcost
+
+    d = tmp_path / "mm"
+    subprocess.run([str(MULTIMOUNT), "up", str(d), "--mounts", "1", "--cache", "low", "--trace"],
+                   check=True, capture_output=True, timeout=60)  # fmt: skip
+    try:
+        jobs = 20
+        f2 = layoutcost.count(d, "format 2", jobs, settle=1.5)
+        lean = layoutcost.count(d, "leaner", jobs, settle=1.5)
+    finally:
+        subprocess.run([str(MULTIMOUNT), "down", str(d)], check=True, capture_output=True, timeout=60)
+    assert f2["REMOVE"] == jobs and f2["MKDIR"] == 3 * jobs and f2["OPEN"] >= 8 * jobs, f2
+    assert lean["REMOVE"] == 0 and lean["MKDIR"] == 2 * jobs and lean["OPEN"] >= 6 * jobs, lean
+    assert sum(lean.values()) < sum(f2.values()) - 10 * jobs, (f2, lean)
+
+
 def test_a_folder_fsync_over_sshfs_is_skipped_and_a_local_one_is_real(nas, tmp_path, monkeypatch):
     # SFTP cannot sync a folder: over sshfs the fsync is answered in the kernel, and the
     # open and close around it are two round trips. The remote folder is never opened
