@@ -491,8 +491,8 @@ def _leftovers(
     for folder in folders:
         candidates += [p for p in folder.glob(".*.tmp")]
     # One listing a job folder and one an attempt folder, each read once for every kind of
-    # leftover it may hold: with 50,000 finished jobs this walk is most of a daemon's
-    # start (over a NAS, four round trips a listing).
+    # leftover it may hold: with 50,000 finished jobs this walk takes a daemon's sweep
+    # thread minutes over a NAS (four round trips a listing).
     for jdir in _subfolders(tree.attempts):
         if stop is not None and stop():
             break

@@ -182,8 +182,8 @@ def families(worker: str, tree: Tree, running: list[str], mine: frozenset[str] =
     """``spool_generation_attempts{state}`` and ``spool_generation_state_age_seconds{state}``:
     the generations this process moves from memory (:func:`states.known_state`), any other
     from its files. A job of ``mine`` that memory does not know is not a generation (or one
-    that has not begun): it is not read (a listing of its attempts for every job of every
-    metrics write, ~0.4 requests a no-op job over a NAS)."""
+    that has not begun): it is not read (a listing of its attempts, for every render this
+    process runs, at every metrics write)."""
     counts: dict[str, int] = {}
     ages: dict[str, float] = {}
     rows = []
