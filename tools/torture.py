@@ -461,13 +461,11 @@ def _generation_figures(spool: Path, ids: list[str], sim: Any) -> dict[str, obje
             prompt_of[j] = None
     per_job = Counter(p.input.get("prompt") for p in made if not p.hidden)
     creates = sum(per_job[p] for p in prompt_of.values() if p is not None)
-    attempts = {j: sum(1 for _ in (spool / "attempts" / j).glob("*/gen/1-submitted.json")) for j in ids}
+    intents = {j: list((spool / "attempts" / j).glob("*/gen/1-submitted.json")) for j in ids}
+    attempts = {j: len(found) for j, found in intents.items()}
     # An heir whose intent names the provider job it took over may never create: only the
     # others may each have made one prediction.
-    creators = {
-        j: sum(1 for p in (spool / "attempts" / j).glob("*/gen/1-submitted.json") if not _heir(p))
-        for j in ids
-    }
+    creators = {j: sum(1 for p in found if not _heir(p)) for j, found in intents.items()}
     over = sorted(j for j in ids if prompt_of[j] is not None and per_job[prompt_of[j]] > creators[j])
     states = Counter(_state(spool, j) for j in ids)
     wrong = []
