@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import invariants
 from conftest import minimal, run_cli, state_files, wait_for
+from libhelp import allow_noop, noop_sub
 
 from spool.core import settings
 from spool.core.model import WorkerRecord, encode
@@ -113,6 +114,38 @@ def test_recover_acts_on_dead_workers_and_only_names_suspects(tree, cfg, assets,
     d = daemons(tree, "w1", drain=True)
     assert d.wait(timeout=120) == 0
     assert state_files(tree)["complete"] == sorted([f"{a}.json", f"{b}.json"])
+    assert invariants.check(tree.root) == []
+
+
+def test_a_recoverer_killed_right_after_its_takeover_judges_the_dead_workers_attempt(tree, daemons):
+    """The takeover (a rename into the recoverer's running/) is durable before any decision:
+    killed there, the restarted recoverer finds the job in its own folder with the dead
+    worker's attempt as the latest. That attempt is still this claim's: its valid output is
+    published, not thrown away for a retry, which with one attempt allowed failed the job."""
+    from spool import kinds
+
+    cfg = allow_noop(tree, limits={"max_attempts": 1})
+    job = accept.accept_bytes(tree, cfg, noop_sub("taken"), "t")
+    dead = f"{HOST}-crashed"
+    (tree.running / dead).mkdir(parents=True, exist_ok=True)
+    os.rename(tree.job_file("pending", job.job_id), tree.job_file("running", job.job_id, dead))
+    att = open_attempt(tree, job.job_id, dead)
+    out = kinds.of(job).candidate(job, att.dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(job.job_id.encode())  # the dead worker finished its work; nothing judged it
+    _record(tree, dead, host=HOST)
+
+    d = daemons(tree, "w1", env={"SPOOL_CRASH_AT": "after_takeover"})
+    assert d.wait(timeout=60) == -signal.SIGKILL
+    me = f"{HOST}-w1"
+    assert state_files(tree)["running"] == [f"{job.job_id}.json"]
+    assert tree.job_file("running", job.job_id, me).exists()  # taken over, then killed
+
+    d = daemons(tree, "w1", drain=True)
+    assert d.wait(timeout=120) == 0
+    assert state_files(tree)["complete"] == [f"{job.job_id}.json"]
+    (rec,) = [json.loads(p.read_text()) for p in tree.job_attempts(job.job_id).glob("recovery-*.json")]
+    assert rec["decision"] == "accept-candidate" and rec["evidence"]["attempt"] == 1
     assert invariants.check(tree.root) == []
 
 

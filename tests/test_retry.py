@@ -92,6 +92,27 @@ def test_operator_retry_mark_closes_the_attempt_for_recovery(tree, cfg, assets):
     assert recover.current_attempt(tree, "x@1", "w1") == 0
 
 
+@pytest.mark.parametrize(
+    "closing", ["", "failure.json", "interrupted.json", "recovery-1.json", "recovery-1-2.json"]
+)
+def test_another_workers_attempt_is_the_claims_until_something_closed_it(tree, closing):
+    # A claim over another worker's attempt that nothing closed is a takeover: the attempt
+    # is judged. Closed (a failure, an interruption, a recovery decision), the job went back
+    # to pending and this claim is a new one that opened nothing yet.
+    from spool.queue.attempt import open_attempt
+    from spool.repair import recover
+
+    (tree.job_attempts("x@1")).mkdir()
+    att = open_attempt(tree, "x@1", "w1")
+    (tree.job_attempts("x@1") / "recovery-1.validate.log").write_text("a log, not a decision")
+    if closing.startswith("recovery"):
+        (tree.job_attempts("x@1") / closing).write_text("{}")
+    elif closing:
+        (att.dir / closing).write_text("{}")
+    assert recover.current_attempt(tree, "x@1", "w2") == (0 if closing else 1)
+    assert recover.current_attempt(tree, "x@1", "w1") == 1  # its own worker's, closed or not
+
+
 @pytest.mark.parametrize(("left", "kept"), [(b"", False), (b'{"job_id": "x@1", "outp', False), (None, True)])
 def test_the_next_attempt_removes_a_result_its_predecessor_left_unfinished(tree, left, kept):
     # Attempt 1 was killed writing result.json (format 2: the manifest's first name) and the

@@ -31,6 +31,7 @@ POINTS = (
 OTHER_POINTS = (
     "after_quarantine_reason",
     "after_blocklist",
+    "after_takeover",  # a recoverer took another worker's job over (the rename), decided nothing yet
     # A generation's attempt, between its durable states (spool.kinds.generate):
     "after_gen_intent",
     "after_gen_inherit_begin",  # an heir's intent durable (with the job it inherits), not yet generating

@@ -48,6 +48,7 @@ from typing import Literal
 
 from spool import kinds
 from spool.core.errors import LostOwnership
+from spool.core.faults import crashpoint
 from spool.core.model import (
     AttemptRecord,
     Decision,
@@ -90,18 +91,38 @@ def current_attempt(tree: Tree, job_id: str, worker: str) -> int:
     """The latest attempt belonging to the claim now in ``running/<worker>/``, or 0.
 
     Attempts are made only by the owner after its claim, so the latest
-    attempt is this claim's if that worker made it and no retry closed it.
+    attempt is this claim's if that worker made it and no retry closed it. An
+    attempt another worker made is this claim's too while nothing closed it: a job
+    reaches ``pending/`` again only with its attempt closed (a failure or an
+    interruption recorded in it, a recovery decision or an operator's retry beside
+    it), so a claim here over an open attempt of another's is a takeover, and a
+    recoverer killed right after one must judge that attempt when it restarts, not
+    retry the job as if the claim had opened none (which threw a staged result away,
+    or failed a job on its last attempt).
     """
     nums = tree.attempt_numbers(job_id)
     if not nums:
         return 0
     n = nums[-1]
+    folder = tree.job_attempts(job_id)
     rec = read(tree.attempt_dir(job_id, n) / "attempt.json", AttemptRecord)
-    if rec is None or rec.worker != worker:
+    if rec is None or (folder / f"retry-{n}.json").exists():
         return 0
-    if (tree.job_attempts(job_id) / f"retry-{n}.json").exists():
+    if rec.worker != worker and _closed(tree, job_id, n):
         return 0
     return n
+
+
+def _closed(tree: Tree, job_id: str, n: int) -> bool:
+    """Whether attempt ``n`` ended in a way that can send its job back to ``pending/``."""
+    d = tree.attempt_dir(job_id, n)
+    if (d / "failure.json").exists() or (d / "interrupted.json").exists():
+        return True
+    prefix = f"recovery-{n}"
+    return any(
+        name.startswith(prefix) and name.endswith(".json") and name[len(prefix)] in ".-"
+        for name in os.listdir(tree.job_attempts(job_id))
+    )
 
 
 def inspect(tree: Tree, job: JobBase, worker: str) -> Evidence:
@@ -249,8 +270,10 @@ def recover(
         if needs_validation:
             reason += " (if it validates; otherwise a retry)"
         return Outcome(job_id, decision, reason, _target(decision))
-    if owner != ctx.worker and not takeover(ctx, owner, job_id, why or "recovery"):
-        return None
+    if owner != ctx.worker:
+        if not takeover(ctx, owner, job_id, why or "recovery"):
+            return None
+        crashpoint("after_takeover")
     # A kind may carry on an attempt in flight itself (a generation keeps polling the
     # same provider job); only otherwise does the evidence decide.
     n = current_attempt(tree, job_id, owner)
