@@ -85,6 +85,7 @@ from spool.core.faults import OTHER_POINTS, POINTS
 from spool.disk.formats import ENV as FORMAT_ENV
 from spool.media import samples
 from spool.queue import health
+from spool.queue.workers import worker_id
 
 BIN = Path(sys.executable).parent
 #: A run with at least this many daemon kills must have recovered something (see "hollow").
@@ -670,6 +671,28 @@ def _end_ok(spool: Path, g: Group, jid: str, got: str, meant: str) -> tuple[bool
     return False, f"upstreams left in {ups} after the drain"
 
 
+def _others_running(workers: list[Worker], victim: Worker, spool: Path) -> bool:
+    """Whether every worker but ``victim`` is up and says so in its record (state running,
+    its current pid). FFmpeg killed under a worker is a host-class failure: the job moves
+    on to another worker that is running, and fails for good when there is none
+    (:mod:`spool.queue.blocklist`). Killed only while the others run, FFmpeg's deaths
+    exercise the move (a job rendered elsewhere, from a partial output left behind)
+    instead of failing upstreams at random, which left whole dependency groups held and
+    the checks of their release with nothing to check."""
+    for w in workers:
+        if w is victim:
+            continue
+        if not w.alive() or w.proc is None:
+            return False
+        try:
+            rec = json.loads((spool / "workers" / f"{worker_id(w.name)}.json").read_bytes())
+        except (OSError, ValueError):
+            return False
+        if rec.get("pid") != w.proc.pid or rec.get("state") != "running":
+            return False
+    return True
+
+
 def _kill_at_random(
     workers: list[Worker], spool: Path, rng: random.Random, args: argparse.Namespace
 ) -> tuple[Counter[str], Counter[str], list[str]]:
@@ -694,7 +717,7 @@ def _kill_at_random(
             victim.start(crash_at=_maybe_point(rng, args))
             continue
         kids = victim.ffmpeg_children()
-        if kids and rng.random() < 0.3:
+        if kids and rng.random() < 0.3 and _others_running(workers, victim, spool):
             try:
                 os.kill(rng.choice(kids), signal.SIGKILL)
                 kills["ffmpeg"] += 1
