@@ -7,7 +7,9 @@
 It makes a spool with tiny real media, submits N jobs (most render, some are
 meant to fail validation), starts W daemons and then, K times, kills with
 SIGKILL either a whole daemon (its FFmpeg dies with it) or just an FFmpeg
-child, at random moments; some daemon lives are started with
+child (only while every other worker is running: a host-class failure then
+moves the job on instead of failing it for good), at random moments; some
+daemon lives are started with
 ``SPOOL_CRASH_AT`` so they die right after a chosen step. Killed daemons are
 restarted under the same identity. Then every daemon is restarted to drain,
 ``spool recover`` runs for good measure, and the spool is checked by
@@ -29,8 +31,8 @@ one brief (``spool submit``): chains of 3 (a render, one from its output, one fr
 fan-outs of 12 variants (3 aspects x 4 locales) of one master, and upstreams meant to fail
 with a chain of 2 waiting on them; while the kills run, some chain heads are revised
 (``spool revise``), so a dependent follows the newer revision or stays frozen to the one it
-resolved. At the end each is judged by where its upstreams ended (a kill may fail any render
-for good): a dependent of published upstreams complete (or failed itself), frozen to their
+resolved. At the end each is judged by where its upstreams ended (a kill may still fail a
+render for good): a dependent of published upstreams complete (or failed itself), frozen to their
 exact store objects (tools/invariants.py, invariant 12); a dependent of a failed upstream
 held with its hold record; one below a held job still waiting; nothing else in ``waiting/``.
 Across mounts (``--mounts``) the dependents are settled by daemons on different mounts.
