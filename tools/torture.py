@@ -7,8 +7,8 @@
 It makes a spool with tiny real media, submits N jobs (most render, some are
 meant to fail validation), starts W daemons and then, K times, kills with
 SIGKILL either a whole daemon (its FFmpeg dies with it) or just an FFmpeg
-child (only while every other worker is running: a host-class failure then
-moves the job on instead of failing it for good), at random moments; some
+child (with several workers, only while another one runs: a host-class
+failure then moves the job on instead of failing it for good), at random moments; some
 daemon lives are started with
 ``SPOOL_CRASH_AT`` so they die right after a chosen step. Killed daemons are
 restarted under the same identity. Then every daemon is restarted to drain,
@@ -673,26 +673,27 @@ def _end_ok(spool: Path, g: Group, jid: str, got: str, meant: str) -> tuple[bool
     return False, f"upstreams left in {ups} after the drain"
 
 
-def _others_running(workers: list[Worker], victim: Worker, spool: Path) -> bool:
-    """Whether every worker but ``victim`` is up and says so in its record (state running,
-    its current pid). FFmpeg killed under a worker is a host-class failure: the job moves
-    on to another worker that is running, and fails for good when there is none
-    (:mod:`spool.queue.blocklist`). Killed only while the others run, FFmpeg's deaths
-    exercise the move (a job rendered elsewhere, from a partial output left behind)
-    instead of failing upstreams at random, which left whole dependency groups held and
-    the checks of their release with nothing to check."""
-    for w in workers:
-        if w is victim:
-            continue
-        if not w.alive() or w.proc is None:
-            return False
-        try:
-            rec = json.loads((spool / "workers" / f"{worker_id(w.name)}.json").read_bytes())
-        except (OSError, ValueError):
-            return False
-        if rec.get("pid") != w.proc.pid or rec.get("state") != "running":
-            return False
-    return True
+def _running(w: Worker, spool: Path) -> bool:
+    """Whether worker ``w`` is up and says so in its record (state running, its current pid)."""
+    if not w.alive() or w.proc is None:
+        return False
+    try:
+        rec = json.loads((spool / "workers" / f"{worker_id(w.name)}.json").read_bytes())
+    except (OSError, ValueError):
+        return False
+    return rec.get("pid") == w.proc.pid and rec.get("state") == "running"
+
+
+def _ffmpeg_may_die(workers: list[Worker], victim: Worker, spool: Path) -> bool:
+    """Whether to kill one of ``victim``'s FFmpeg children now: with a single worker always,
+    otherwise only while another worker runs. FFmpeg killed under a worker is a host-class
+    failure: the job moves on to another running worker, and fails for good when there is
+    none (:mod:`spool.queue.blocklist`). Killed while another runs, FFmpeg's deaths exercise
+    the move (a job rendered elsewhere, from a partial output left behind) instead of
+    failing upstreams at random, which left whole dependency groups held and the checks of
+    their release with nothing to check."""
+    others = [w for w in workers if w is not victim]
+    return not others or any(_running(w, spool) for w in others)
 
 
 def _kill_at_random(
@@ -719,7 +720,7 @@ def _kill_at_random(
             victim.start(crash_at=_maybe_point(rng, args))
             continue
         kids = victim.ffmpeg_children()
-        if kids and rng.random() < 0.3 and _others_running(workers, victim, spool):
+        if kids and rng.random() < 0.3 and _ffmpeg_may_die(workers, victim, spool):
             try:
                 os.kill(rng.choice(kids), signal.SIGKILL)
                 kills["ffmpeg"] += 1
