@@ -62,10 +62,16 @@ def test_a_host_class_failure_moves_on_or_fails_with_every_workers_evidence():
     assert on.next_action.endswith("another worker can take it, and this worker will not claim it again.")
     assert on.message == "ffmpeg exited 1" and on.log_excerpt == ["line"]
 
-    why = "it failed with host-class errors on 2 workers (me, other)"
-    out = endings.block_ending(
-        _failed(fault="host"), "j@1", "me", mine, [theirs, mine], blocklist.Verdict(True, why)
+    alone = endings.block_ending(
+        _failed(fault="host"), "j@1", "me", mine, [mine], blocklist.verdict([mine], [], 1, 3, 2)
     )
+    assert (alone.to, alone.outcome) == ("failed", "host-failed")
+    assert alone.message == "ffmpeg exited 1; failed: no other live worker can take it"  # not the job's fault
+
+    verdict = blocklist.verdict([theirs, mine], ["third"], 2, 3, 2)
+    why = "it failed with host-class errors on 2 workers (me, other)"
+    assert verdict == blocklist.Verdict(True, why, job_fault=True)
+    out = endings.block_ending(_failed(fault="host"), "j@1", "me", mine, [theirs, mine], verdict)
     assert (out.to, out.outcome, out.block) == ("failed", "host-failed", mine)
     assert out.message == f"ffmpeg exited 1; failed as the job's fault: {why}"
     assert out.log_excerpt == ["other (attempt 1): broken on other", "me (attempt 2): broken on me", "line"]

@@ -71,6 +71,9 @@ class Verdict:
 
     fail: bool
     why: str
+    #: Failed because it failed like this on enough workers (the job's own fault), not
+    #: because nobody else could take it or its attempts ran out.
+    job_fault: bool = False
 
 
 def verdict(
@@ -81,7 +84,9 @@ def verdict(
     workers = sorted({e.worker for e in blocked})
     if len(workers) >= fail_after:
         return Verdict(
-            True, f"it failed with host-class errors on {len(workers)} workers ({', '.join(workers)})"
+            True,
+            f"it failed with host-class errors on {len(workers)} workers ({', '.join(workers)})",
+            job_fault=True,
         )
     if attempts_used >= max_attempts:
         return Verdict(True, f"all {max_attempts} attempts are used")

@@ -107,7 +107,11 @@ def block_ending(
             "failed",
             "host-failed",
             summary(f),
-            f"{f.message}; failed as the job's fault: {v.why}",
+            # Only a job that failed like this on several workers is at fault; one that
+            # nobody else could take is failed for its host (it read "the job's fault" too).
+            f"{f.message}; failed as the job's fault: {v.why}"
+            if v.job_fault
+            else f"{f.message}; failed: {v.why}",
             [f"{e.worker} (attempt {e.attempt}): {e.message}" for e in blocked] + f.log_excerpt,
             f"{f.next_action} Every blocked worker's evidence is in attempts/{job_id}/blocked-*.json; "
             f"after fixing the hosts (or the job), run spool retry {job_id}.",
