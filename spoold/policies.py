@@ -79,7 +79,7 @@ class AutoRecover(Hook):
         if now < self.next_check or daemon.stopping:
             return
         self.next_check = now + min(5.0, daemon.cfg.recovery.stale_after / 4)
-        plans = recover.plan(daemon.ctx, auto=True, observer=self.observer, gone=self.gone)
+        plans = recover.plan(daemon.ctx, auto=True, observer=self.observer, gone=self.gone, report=False)
         waits = [p.wait for p in plans if p.wait > 0]
         if waits:  # look again as soon as the first gone worker's writes must show
             self.next_check = min(self.next_check, now + min(waits))

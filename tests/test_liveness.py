@@ -306,3 +306,32 @@ def test_a_worker_restarted_on_another_mount_adopts_its_jobs_after_mount_lag(tre
     lines = [json.loads(x) for f in tree.events.glob("*.jsonl") for x in f.read_text().splitlines()]
     [back] = [e for e in lines if e["job"] == jid and e["to"] == "pending"]
     assert "recovery" in back["reason"] and _epoch(back["ts"]) - _epoch(started) >= 2.0
+
+
+def test_a_daemons_recovery_policy_reads_nothing_of_a_live_workers_jobs(tree, cfg, assets, monkeypatch):
+    """Every few seconds a daemon's AutoRecover plans for each other worker with jobs in
+    running/. A live one is left alone, so its jobs are not judged: judging one reads its
+    file, its attempts, records and manifest, a dozen requests each on a NAS (an OPENDIR
+    of attempts/J for every job of every other live worker, every tick). ``spool recover``
+    still reports what it would decide for them."""
+    from types import SimpleNamespace
+
+    from spool.queue.events import Journal
+    from spool.queue.execute import Context
+    from spool.repair import recover
+    from spoold.policies import AutoRecover
+
+    jid = _stranded(tree, cfg, assets, "far-busy")
+    _record(tree, "far-busy", host="far")  # another host, its heartbeat fresh: alive
+    ctx = Context(tree, cfg, f"{HOST}-r", Journal(tree, f"{HOST}-r"), threading.Event())
+    [reported] = recover.plan(ctx, auto=True)
+    assert reported.health == "alive" and not reported.act
+    assert [o.job_id for o in reported.jobs] == [jid]  # the report judges each job
+
+    judged: list[str] = []
+    real = recover.recover
+    monkeypatch.setattr(recover, "recover", lambda c, j, **kw: judged.append(j) or real(c, j, **kw))
+    daemon = SimpleNamespace(ctx=ctx, cfg=cfg, stopping=False, carry_on=lambda o: None)
+    AutoRecover().tick(daemon)
+    assert judged == []
+    assert state_files(tree)["running"] == [f"{jid}.json"]

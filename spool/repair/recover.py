@@ -481,8 +481,14 @@ def plan(
     auto: bool = False,
     observer: liveness.Observer | None = None,
     gone: liveness.Gone | None = None,
+    report: bool = True,
 ) -> list[WorkerPlan]:
     """Decide, per worker with jobs in ``running/``, whether to recover it and how.
+
+    ``report=False`` (a daemon's policy, every few seconds): a worker left alone gets
+    no per-job decisions (``WorkerPlan.jobs`` empty). Deciding reads each of its jobs'
+    file, attempts, records and manifest: for a farm's live workers, every few seconds
+    and on a NAS, a steady load that acted on nothing.
 
     Dead workers (same host, certain) are recovered. A suspect worker (another
     host, stale heartbeat) only when named by an operator (``worker=``) or when
@@ -535,7 +541,11 @@ def plan(
                 if health == "suspect"
                 else "use --force if you know it is hung"
             )
-        outcomes = [o for jid in jobs if (o := recover(ctx, jid, owner=w, dry_run=True)) is not None]
+        outcomes = (
+            [o for jid in jobs if (o := recover(ctx, jid, owner=w, dry_run=True)) is not None]
+            if act or report
+            else []
+        )
         out.append(WorkerPlan(w, health, evidence, act, why, outcomes, wait))
     return out
 
