@@ -332,3 +332,34 @@ def test_the_segment_cache_is_safe_for_a_process_s_threads() -> None:
         sys.setswitchinterval(old)
         segments.clear_cache()
     assert errors == []
+
+
+def test_a_long_lived_reader_counts_assets_reading_each_segment_once(tree, monkeypatch):
+    """A daemon's metrics count the library's assets every few seconds, segments included:
+    each segment is read once (a segment never changes once named), a new one is read, and
+    one merged away is forgotten with nothing missed (its names are in index/_names)."""
+    from spool.queue import status
+
+    cfg = allow_noop(tree)
+    publish(tree, cfg, noop_sub("first"))
+    publish(tree, cfg, noop_sub("second"))
+    opened: list[str] = []
+    real_open = open
+
+    def counting_open(path, *a, **kw):
+        opened.append(os.path.basename(path))
+        return real_open(path, *a, **kw)
+
+    monkeypatch.setattr(status, "open", counting_open, raising=False)
+    assert status.library_counts(tree)["assets"] == 2
+    first_look = len(opened)
+    assert first_look == len(segments.listed(tree)) >= 1
+    assert status.library_counts(tree)["assets"] == 2
+    assert len(opened) == first_look  # nothing read again
+    publish(tree, cfg, noop_sub("third"))
+    assert status.library_counts(tree)["assets"] == 3
+    assert len(opened) == first_look + 1  # only the new segment
+    segments.merge(tree)
+    assert segments.listed(tree) == []
+    assert status.library_counts(tree)["assets"] == 3  # from index/_names now
+    assert status._segment_cache == {}

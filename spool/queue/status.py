@@ -131,20 +131,36 @@ def _names_in(folder: Path) -> set[str]:
         return set()
 
 
+#: segment file name -> the asset names it holds. A segment never changes once it has its
+#: name (it is written under a temporary one), so a long-lived reader (a daemon's metrics,
+#: every few seconds; the status page) reads each one once, not every segment at every
+#: look: over a NAS that was an open, a read and a close per segment, per look.
+_segment_cache: dict[str, frozenset[str]] = {}
+
+
 def _segment_names(folder: Path) -> set[str]:
     """Asset names in the library index's unmerged segments (format 2: spool.library.segments),
     taken from each line's first key, ``job_id`` (no JSON parser: status stays lean)."""
+    global _segment_cache
+    seen = _segment_cache
+    now: dict[str, frozenset[str]] = {}  # the listed ones only: merged segments are forgotten
     out: set[str] = set()
     for fname in _listed(folder, ".jsonl"):
-        try:
-            with open(folder / fname, "rb") as f:
-                data = f.read()
-        except OSError:
-            continue  # merged meanwhile: its names are in index/_names now
-        for line in data.split(b"\n"):
-            if line.startswith(b'{"job_id":"'):
-                jid = line[11 : line.find(b'"', 11)]
-                out.add(jid.rpartition(b"@")[0].decode("ascii", "replace"))
+        names = seen.get(fname)
+        if names is None:
+            try:
+                with open(folder / fname, "rb") as f:
+                    data = f.read()
+            except OSError:
+                continue  # merged meanwhile: its names are in index/_names now
+            names = frozenset(
+                line[11 : line.find(b'"', 11)].rpartition(b"@")[0].decode("ascii", "replace")
+                for line in data.split(b"\n")
+                if line.startswith(b'{"job_id":"')
+            )
+        now[fname] = names
+        out |= names
+    _segment_cache = now  # replaced whole: a reader on another thread keeps its own
     return out
 
 
