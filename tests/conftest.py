@@ -318,3 +318,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             or item.get_closest_marker("slow")
         ):
             item.add_marker(pytest.mark.system)
+
+
+@pytest.fixture()
+def other_fs(tmp_path: Path) -> Iterator[Path]:
+    """A folder on a second filesystem (tmpfs at /dev/shm): a link from ``tmp_path`` into
+    it, or from it into ``tmp_path``, is refused by the kernel itself (EXDEV)."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("no second filesystem at /dev/shm")
+    d = Path(
+        subprocess.check_output(["mktemp", "-d", "-p", str(shm), "spool-durable.XXXX"], text=True).strip()
+    )
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

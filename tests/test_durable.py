@@ -8,9 +8,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import shutil
 import stat
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,18 +17,6 @@ import pytest
 from spool.disk import durable
 from spool.disk.mount import Mount
 from spool.disk.tree import NO_LINKS, copy_verified, link_or_copy, write_atomic
-
-
-@pytest.fixture()
-def other_fs(tmp_path: Path) -> Iterator[Path]:
-    shm = Path("/dev/shm")
-    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
-        pytest.skip("no second filesystem at /dev/shm")
-    d = Path(
-        subprocess.check_output(["mktemp", "-d", "-p", str(shm), "spool-durable.XXXX"], text=True).strip()
-    )
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def _src(tmp_path: Path) -> tuple[Path, str]:

@@ -16,6 +16,7 @@ from conftest import minimal, run_cli
 from libhelp import allow_noop, as_format_1, noop_sub
 
 from spool.core.model import Manifest
+from spool.disk import store
 from spool.disk.records import read
 from spool.disk.tree import HOST
 from spool.queue import accept, claim, execute
@@ -187,6 +188,28 @@ def test_a_stopped_sweep_leaves_the_job_folders_it_did_not_reach(done):
     assert not flat.exists() and deep.exists()
     assert [p.path for p in fsck_mod.sweep_leftovers(done)] == [done.relative(deep)]
     assert not deep.exists()
+
+
+def test_a_daemons_sweep_lists_the_stores_temp_folder_not_its_256_shards(done, monkeypatch):
+    """Copies into the store take their temp names in ``store/sha256/`` (store.temp_folder):
+    the daemon's sweep removes a dead writer's there and lists no shard (over a NAS 256
+    listings were ~1,500 requests at each start); ``spool fsck`` still finds what code
+    before wrote in a shard."""
+    dead = _dead_pid()
+    top = store.temp_folder(done) / f".{'a' * 64}.bin.{HOST}.{dead}.abcd0123.tmp"
+    old_code = store.temp_folder(done) / "ab" / f".{'b' * 64}.bin.{HOST}.{dead}.abcd0123.tmp"
+    for p in (top, old_code):
+        p.write_text("partial")
+    listed: list[str] = []
+    real_scandir = os.scandir
+    monkeypatch.setattr(os, "scandir", lambda p=".": listed.append(os.fspath(p)) or real_scandir(p))
+    swept = [p.path for p in fsck_mod.sweep_leftovers(done)]
+    assert swept == [done.relative(top)] and not top.exists() and old_code.exists()
+    shards = str(store.temp_folder(done))
+    assert shards in listed and not [p for p in listed if p.startswith(shards + os.sep)]
+    code, out = fsck(done)
+    assert code == 0 and [p["path"] for p in out["problems"]] == [done.relative(old_code)]
+    assert not old_code.exists()
 
 
 def test_leftovers_deep_in_the_tree_are_removed_too(done):

@@ -67,3 +67,26 @@ def test_put_looks_at_nothing_before_its_link_and_makes_a_missing_shard(tree: Tr
         assert ("stat", str(final)) not in calls  # the object is never looked at
         if not remove_shard:
             assert not [c for c in calls[:first_link] if c[0] == "stat"]  # nothing before the link
+
+
+def test_a_copy_into_the_store_takes_its_temp_name_in_the_one_temp_folder(tree: Tree, other_fs, monkeypatch):
+    """Where the kernel refuses the link (a candidate on another filesystem: EXDEV), the
+    object is copied by way of a temp name in ``store/sha256/`` itself, never in a shard:
+    a daemon's leftover sweep lists that one folder, not 256 (over a NAS, ~1,500 requests
+    at each start)."""
+    cand = other_fs / "cand.bin"
+    cand.write_bytes(b"c" * 3000)
+    links: list[tuple[str, str]] = []
+    real_link = os.link
+    monkeypatch.setattr(
+        os,
+        "link",
+        lambda s, d, *a, **k: links.append((os.fspath(s), os.fspath(d))) or real_link(s, d, *a, **k),
+    )
+    got = store.put(tree, cand, ".bin")
+    assert got.method == "copy" and got.path.read_bytes() == b"c" * 3000
+    (refused, _), (temp, final) = links  # the candidate's link (EXDEV), then the copy's
+    assert refused == str(cand) and final == str(got.path)
+    assert os.path.dirname(temp) == str(store.temp_folder(tree)) == str(got.path.parent.parent)
+    assert not os.path.exists(temp)  # the temp name went once the object had its own
+    assert [p.name for p in store.temp_folder(tree).iterdir() if not p.is_dir()] == []

@@ -535,17 +535,20 @@ def copy_verified(
     mode: int | None = None,
     replace: bool = False,
     folder_later: bool = False,
+    temp_dir: Path | None = None,
 ) -> None:
     """Copy ``src``'s bytes to ``dst`` so that ``dst`` is whole and checked, or absent.
 
-    The bytes go to a hidden temp name beside ``dst``, are fsynced and hashed back from
-    the disk; the sha256 must be ``digest`` (default: ``src``'s, read while copying).
-    Only then does the copy take ``dst``'s name: without replacing (``FileExistsError``),
-    or with ``replace=True`` where equal content is the point (a store object restored).
+    The bytes go to a hidden temp name beside ``dst`` (or in ``temp_dir``, a folder of
+    the same filesystem: the store keeps its copies' temps in one folder, so a sweep for
+    them lists one folder, not 256), are fsynced and hashed back from the disk; the
+    sha256 must be ``digest`` (default: ``src``'s, read while copying). Only then does
+    the copy take ``dst``'s name: without replacing (``FileExistsError``), or with
+    ``replace=True`` where equal content is the point (a store object restored).
     ``mode`` is set on the copy first (0o444 for what must stay read-only). The folder
     is fsynced, unless ``folder_later`` (the caller fsyncs it before anything names the
     copy: a publish batch fsyncs its objects' folders at once)."""
-    tmp = dst.parent / temp_name(dst.name)
+    tmp = (temp_dir or dst.parent) / temp_name(dst.name)
     read = hashlib.sha256()
     try:
         with open(src, "rb") as fin, open(tmp, "xb") as fout:
@@ -589,10 +592,16 @@ def _drop(tmp: Path) -> None:
 
 
 def link_or_copy(
-    src: Path, dst: Path, digest: str | None = None, *, mode: int | None = None, folder_later: bool = False
+    src: Path,
+    dst: Path,
+    digest: str | None = None,
+    *,
+    mode: int | None = None,
+    folder_later: bool = False,
+    temp_dir: Path | None = None,
 ) -> str:
     """Give ``dst`` the bytes of ``src``: a hard link where the filesystem allows (the same
-    inode, nothing copied), else :func:`copy_verified` (with ``mode``). Never replaces:
+    inode, nothing copied), else :func:`copy_verified` (with ``mode``, ``temp_dir``). Never replaces:
     ``FileExistsError`` if ``dst`` exists. The folder is fsynced (not with ``folder_later``,
     as :func:`copy_verified`). ``"link"`` or ``"copy"``."""
     try:
@@ -602,7 +611,7 @@ def link_or_copy(
     except OSError as exc:
         if exc.errno not in NO_LINKS:
             raise
-        copy_verified(src, dst, digest, mode=mode, folder_later=folder_later)
+        copy_verified(src, dst, digest, mode=mode, folder_later=folder_later, temp_dir=temp_dir)
         return "copy"
     if not folder_later:
         fsync_dir(dst.parent)

@@ -9,8 +9,9 @@ Publish order for one validated candidate in ``attempts/J/<n>/work/``:
 3. hard-link it to ``store/sha256/<aa>/<hash><ext>`` and fsync that folder.
    ``EEXIST`` means the same content is already published: a no-op. Where the
    filesystem has no hard links, :func:`spool.disk.tree.link_or_copy` copies to a
-   hidden temp name in the store folder, fsyncs it, hashes it back from the
-   disk, then gives it the name (never replacing).
+   hidden temp name in ``store/sha256/`` (:func:`temp_folder`: one folder for every
+   copy's temp, which a daemon's leftover sweep lists instead of 256 shards), fsyncs
+   it, hashes it back from the disk, then gives it the name (never replacing).
 
 The manifest that names the store file is written after this (by
 :mod:`spool.queue.execute`), so a manifest can never point at a missing file.
@@ -83,25 +84,38 @@ def put(
     # No look first (is the shard there, is the object): the link answers both, and each
     # look is a round trip on a NAS. An object published already costs a needless fchmod
     # and fsync of the candidate, which is rare (equal outputs of different jobs).
+    temps = temp_folder(tree)
     try:
         try:
-            return Stored(digest, size, final, _place(candidate, final, digest, prefer_link, folder_later))
+            method = _place(candidate, final, digest, prefer_link, folder_later, temps)
         except FileNotFoundError:
             if final.parent.is_dir():
                 raise  # the candidate is gone, not the shard
             make_dirs(final.parent)  # all 256 are made at spool init; one removed since
-            return Stored(digest, size, final, _place(candidate, final, digest, prefer_link, folder_later))
+            method = _place(candidate, final, digest, prefer_link, folder_later, temps)
+        return Stored(digest, size, final, method)
     except FileExistsError:  # published already (or meanwhile), by content: the same bytes
         return Stored(digest, size, final, "existing")
 
 
-def _place(candidate: Path, final: Path, digest: str, prefer_link: bool, folder_later: bool) -> str:
-    """The candidate under its store name: linked (or copied where links fail), or
-    copied and verified; how (``link``, ``copy``). Raises ``FileExistsError``."""
+def _place(
+    candidate: Path, final: Path, digest: str, prefer_link: bool, folder_later: bool, temps: Path
+) -> str:
+    """The candidate under its store name: linked (or copied, by way of a temp name in
+    ``temps``, where links fail), or copied and verified; how (``link``, ``copy``).
+    Raises ``FileExistsError``."""
     if prefer_link:
-        return link_or_copy(candidate, final, digest, mode=0o444, folder_later=folder_later)
-    copy_verified(candidate, final, digest, mode=0o444, folder_later=folder_later)
+        return link_or_copy(candidate, final, digest, mode=0o444, folder_later=folder_later, temp_dir=temps)
+    copy_verified(candidate, final, digest, mode=0o444, folder_later=folder_later, temp_dir=temps)
     return "copy"
+
+
+def temp_folder(tree: Tree) -> Path:
+    """Where copies into the store are written before they take their names: the shards'
+    parent, ``store/sha256/`` (the same filesystem, so the name is taken by a link or a
+    rename). Code before 2026-12-04 wrote them in the shard folders: only ``spool fsck``
+    still looks there."""
+    return tree.store / "sha256"
 
 
 def objects(tree: Tree) -> Iterator[Path]:

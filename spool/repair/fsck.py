@@ -419,7 +419,9 @@ def _store(tree: Tree, repair: bool, verify_hashes: bool) -> list[Problem]:
                 else:
                     prob.repair = f"restore it from {_rel(tree, source)}, which has the right sha256"
                     if repair:
-                        copy_verified(source, f, digest, mode=0o444, replace=True)
+                        copy_verified(
+                            source, f, digest, mode=0o444, replace=True, temp_dir=store.temp_folder(tree)
+                        )
                         prob.repaired = True
                 out.append(prob)
                 continue
@@ -456,14 +458,18 @@ def sweep_leftovers(tree: Tree, stop: Callable[[], bool] | None = None) -> list[
     LeftoverSweep). Nothing waits for it: a leftover has a hidden name no reader takes
     and no writer reuses, and a live process's are never touched. ``stop`` is asked
     between job folders: what was found so far is removed, the rest waits."""
-    return _leftovers(tree, repair=True, grace=float("inf"), stop=stop)
+    return _leftovers(tree, repair=True, grace=float("inf"), stop=stop, shards=False)
 
 
 def _leftovers(
-    tree: Tree, repair: bool, grace: float, stop: Callable[[], bool] | None = None
+    tree: Tree, repair: bool, grace: float, stop: Callable[[], bool] | None = None, shards: bool = True
 ) -> list[Problem]:
     """Hidden temp files and attempt staging folders whose writer is a dead
-    process of this host, or that are older than ``grace``."""
+    process of this host, or that are older than ``grace``. ``shards``: also in the
+    store's 256 shard folders, where code before 2026-12-04 wrote its copies' temps
+    (``store.temp_folder``); a daemon's sweep leaves that to fsck: over a NAS it was
+    ~1,500 requests at each start, for leftovers only a copy (no hard links) killed
+    by old code can leave."""
     out = []
     now = time.time()
     # Every folder a write by temp name goes to (write_atomic, link_or_copy: on a NFS,
@@ -485,8 +491,9 @@ def _leftovers(
         segments.folder(tree),
     ]
     folders += [tree.running_dir(w) for w in running_workers(tree)]
-    base = tree.store / "sha256"
-    folders += [d for d in base.iterdir() if d.is_dir()] if base.is_dir() else []
+    folders.append(store.temp_folder(tree))
+    if shards:
+        folders += [Path(d) for d in _subfolders(store.temp_folder(tree))]
     candidates: list[Path] = []
     for folder in folders:
         candidates += [p for p in folder.glob(".*.tmp")]
