@@ -10,6 +10,7 @@ import signal
 from pathlib import Path
 
 import invariants
+import pytest
 from conftest import run_cli, state_files, wait_for
 from libhelp import allow_noop, as_format_1, noop_sub, publish, tags_for
 
@@ -166,3 +167,23 @@ def test_old_and_new_format_daemons_share_one_spool_during_a_rolling_upgrade(tre
     assert _library_view(tree, cfg) == before
     assert invariants.check(tree.root) == []
     assert json.loads(run_cli("fsck", "--json", spool=tree).stdout)["clean"]
+
+
+def test_a_writer_looks_at_format_by_a_stat_and_reads_it_again_only_when_replaced(tree, monkeypatch):
+    """After its first read, a writer's look at ``FORMAT`` is a stat (one round trip over a
+    NAS where a read is three); a ``FORMAT`` replaced by another process (a migration) is
+    read again at the next look."""
+    formats.write(tree.root, 2)
+    monkeypatch.setattr(formats, "RECHECK", 0.0)  # every call looks
+    reads: list[Path] = []
+    real_read = formats.read
+    monkeypatch.setattr(formats, "read", lambda root: reads.append(root) or real_read(root))
+    assert [formats.writing(tree.root) for _ in range(5)] == [2] * 5
+    assert len(reads) == 1
+    # Another process replaces it (no in-process cache drop, as formats.write would do).
+    tmp = tree.root / ".FORMAT.other"
+    tmp.write_text("3\nspool tree format 3: a newer spool\n")
+    os.replace(tmp, formats.path(tree.root))
+    with pytest.raises(formats.TooNew):
+        formats.writing(tree.root)
+    assert len(reads) == 2

@@ -117,16 +117,21 @@ def forced() -> int | None:
     return int(raw)
 
 
-#: root -> (format, monotonic time read): a writer looks at most once a second.
-_cache: dict[Path, tuple[int, float]] = {}
+#: root -> (format, monotonic time read, what ``FORMAT`` looked like then).
+_cache: dict[Path, tuple[int, float, tuple[int, int, int, int] | None]] = {}
 #: How long a writer trusts what it read (seconds): ``spool migrate`` is seen within it.
 RECHECK = 1.0
 
 
 def writing(root: Path, *, fresh: bool = False) -> int:
     """The format a writer in this process writes into the tree at ``root``: the tree's
-    (read at most once a second, so a migration is taken up while running), unless
-    :data:`ENV` forces one. Raises :class:`TooNew` for a tree newer than this code."""
+    (looked at at most once a second, so a migration is taken up while running), unless
+    :data:`ENV` forces one. Raises :class:`TooNew` for a tree newer than this code.
+
+    After the first read, a look is a stat: ``FORMAT`` is read again only when it shows
+    another file, size or time (it is only ever replaced whole, by a rename, so a new
+    format is a new file). Over a NAS a stat is one round trip where a read is three
+    (open, read, close): an idle daemon looked every 2 s."""
     f = forced()
     if f is not None:
         return f
@@ -134,9 +139,21 @@ def writing(root: Path, *, fresh: bool = False) -> int:
     hit = _cache.get(root)
     if hit is not None and not fresh and now - hit[1] < RECHECK:
         return hit[0]
-    n = check(root)
-    _cache[root] = (n, now)
+    looks = _looks(root)  # before a read: a replace in between is seen at the next look
+    n = hit[0] if hit is not None and not fresh and looks == hit[2] else check(root)
+    _cache[root] = (n, now, looks)
     return n
+
+
+def _looks(root: Path) -> tuple[int, int, int, int] | None:
+    """``FORMAT``'s inode, size, mtime and ctime (``None``: no such file, format 1)."""
+    try:
+        st = os.stat(path(root))
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return (-1, -1, -1, -1)  # unreadable: never equal to a look that was read
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def write(root: Path, n: int) -> None:
