@@ -43,6 +43,7 @@ broken promise.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -161,7 +162,7 @@ class Run:
             try:
                 phase()
             except OSError:
-                if not self.lazy.exited():
+                if not self._lazyfs_exits():
                     raise  # ENOTCONN from a dead mount is handled below; anything else is not
             finally:
                 if kill_now is not None:
@@ -187,9 +188,11 @@ class Run:
         assert proc is not None
 
         def kill() -> None:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            # Only the main thread reaps (``now``): a ``wait`` here made the main thread's
+            # ``poll`` answer None (the reaping lock busy) for a LazyFS already dead.
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
 
         timer = threading.Timer(self.death_rng.uniform(0.2, 2.0), kill)
         timer.daemon = True
@@ -198,8 +201,21 @@ class Run:
         def now() -> None:
             timer.cancel()
             kill()
+            proc.wait()
 
         return now
+
+    def _lazyfs_exits(self, within: float = 10.0) -> bool:
+        """Whether LazyFS is gone, waiting up to ``within`` s: a call on its mount fails
+        (ENOTCONN, ECONNABORTED) while the process is still dying, before it can be reaped."""
+        proc = self.lazy.proc
+        if proc is None:
+            return True
+        try:
+            proc.wait(timeout=within)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
 
     def _submit(
         self, k: int, batch: list[tuple[str, dict[str, object]]]
