@@ -405,3 +405,27 @@ def test_replace_existing_never_brings_back_a_name_that_is_gone(tmp_path, monkey
     assert durable.replace_existing(new, old) is True
     assert old.read_text() == "frozen" and not new.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.json"]
+
+
+def test_a_sweep_starts_from_the_live_dependents_not_from_every_past_upstream(
+    tree, cfg, assets, journal, monkeypatch
+):
+    """The reverse index keeps a folder for every upstream ever waited for (spool show draws
+    them): a sweep that listed each one grew with the history (over a NAS, four round trips
+    a folder every 2 s). It reads the waiting and held job files instead, once each."""
+    import os
+
+    accept_sub(tree, cfg, upstream(assets))
+    jid = accept_sub(tree, cfg, dependent("cut", {"job": "master"}))
+    for i in range(50):  # upstreams of dependents long gone
+        (tree.deps / f"old-{i}").mkdir()
+        (tree.deps / f"old-{i}" / f"old-dep-{i}@1").touch()
+    assert state(tree, jid) == "waiting" and run(tree, cfg, "master@1") == "complete"
+    listed: list[str] = []
+    real = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda p=".": listed.append(os.fspath(p)) or real(p))
+    assert settle(tree, cfg, journal).pending == [jid]  # a sweep: another process published
+    assert not [p for p in listed if p.startswith(os.fspath(tree.deps))], listed
+    listed.clear()
+    assert settle(tree, cfg, journal).pending == []  # nothing waits now: two listings
+    assert len(listed) == 2, listed
