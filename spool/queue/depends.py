@@ -515,6 +515,8 @@ def settle(
     )
     if folders is not None and jobs is None and not folders:
         return done
+    if folders is None and not _ref_folders_known(tree) and not ref_folders(tree):
+        return done  # a sweep where no job ever waited: one look at deps/, as before
     waiting = _listing(tree.waiting)
     held = _listing(tree.held)
     if not waiting and not held:
