@@ -430,3 +430,28 @@ def test_a_sweep_starts_from_the_live_dependents_not_from_every_past_upstream(
     listed.clear()
     assert settle(tree, cfg, journal).pending == []  # nothing waits now: two listings
     assert len(listed) == 2, listed
+
+
+def test_a_sweep_keeps_the_end_states_listings_and_moves_a_dependent_only_on_a_fresh_look(
+    tree, cfg, assets, journal, monkeypatch
+):
+    """``complete/`` grows with the history: a sweep (every 2 s while a job waits) keeps its
+    listing while a stat shows the folder unchanged. Over a NAS whose folder times are too
+    coarse to show a publish, that listing can be stale: it may make the sweep wait
+    longer, never move a dependent wrongly (here: hold it as if its upstream were gone)."""
+    import os
+
+    accept_sub(tree, cfg, upstream(assets))
+    jid = accept_sub(tree, cfg, dependent("cut", {"job": "master"}))
+    listed: list[str] = []
+    real = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda p=".": listed.append(os.fspath(p)) or real(p))
+    for _ in range(3):  # the upstream is pending: the dependent waits
+        assert not settle(tree, cfg, journal)
+    assert listed.count(os.fspath(tree.complete)) == 1 and listed.count(os.fspath(tree.pending)) == 3
+    before = {os.fspath(f): real(f) for f in (tree.complete, tree.failed)}
+    monkeypatch.setattr(depends, "_ended_names", lambda folder: before[os.fspath(folder)])
+    assert run(tree, cfg, "master@1") == "complete"  # unseen in the kept listing
+    got = settle(tree, cfg, journal)
+    assert (got.pending, got.held) == ([jid], [])
+    assert state(tree, jid) == "pending"

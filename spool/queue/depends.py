@@ -97,22 +97,35 @@ IN_FLIGHT = frozenset({"waiting", "pending", "held", "running"})
 # -- what exists: one listing per state folder ----------------------------------------------
 
 
+#: The end states, whose folders grow with the spool's history.
+ENDED = ("complete", "failed")
+#: A sweep's snapshot reuses an end state's listing for at most this long (seconds).
+RELIST = 30.0
+#: folder -> (its stat when listed, monotonic time listed, its names): see :func:`_ended_names`.
+_ended: dict[str, tuple[tuple[int, int, int, int], float, list[str]]] = {}
+
+
 class Snapshot:
     """Every job ID in a state folder, by name: which revisions exist and in which state.
-    One listing of each state folder (names only); jobs a batch makes are added as it goes."""
+    One listing of each state folder (names only); jobs a batch makes are added as it goes.
 
-    def __init__(self, tree: Tree) -> None:
+    ``sweep``: for the daemon's sweep every :data:`SWEEP` s while a job waits, which uses
+    it only to find that every dependent still waits (:func:`settle` looks again afresh
+    before it moves any): the end states' listings are kept while a stat shows their
+    folder unchanged (:func:`_ended_names`), and the live states, listed afresh, are read
+    after them, so a job that left an end state (a failed upstream retried) is seen where
+    it is now."""
+
+    def __init__(self, tree: Tree, *, sweep: bool = False) -> None:
         self.tree = tree
         self.states: dict[str, str] = {}
         self.revs: dict[str, dict[int, str]] = {}
-        folders = [(s, tree.root / s) for s in ("waiting", "pending", "held", "complete", "failed")]
+        live = [(s, tree.root / s) for s in ("waiting", "pending", "held")]
+        ended = [(s, tree.root / s) for s in ENDED]
+        folders = ended + live if sweep else live + ended
         folders += [("running", tree.running_dir(w)) for w in running_workers(tree)]
         for state, folder in folders:
-            try:
-                names = os.listdir(folder)
-            except FileNotFoundError:
-                continue
-            for n in names:
+            for n in _ended_names(folder) if sweep and state in ENDED else _names(folder):
                 if n.endswith(".json") and n[0] != ".":
                     self.add(n[:-5], state)
 
@@ -129,6 +142,39 @@ class Snapshot:
     def newest(self, name: str) -> str | None:
         revs = self.revs.get(name)
         return f"{name}@{max(revs)}" if revs else None
+
+
+def _names(folder: Path) -> list[str]:
+    try:
+        return os.listdir(folder)
+    except FileNotFoundError:
+        return []
+
+
+def _ended_names(folder: Path) -> list[str]:
+    """An end state's names for a sweep: the listing kept while a stat shows the folder
+    unchanged (its inode, times and link count), and for at most :data:`RELIST` s. With
+    20,000 jobs in ``complete/``, a sweep's listing every 2 s was ~200 round trips over
+    sshfs. A change within the timestamp's granularity (a NAS's: a second over sshfs)
+    can go unseen until the next change or the relisting: a dependent then waits up to
+    :data:`RELIST` s longer, never moves wrongly (a target missing from a kept listing
+    makes the sweep look afresh). The sweep is the fallback for a publish whose daemon
+    did not settle its dependents itself."""
+    key = os.fspath(folder)
+    try:
+        st = os.stat(key)
+    except FileNotFoundError:
+        return []
+    sig = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink)
+    now = time.monotonic()
+    got = _ended.get(key)
+    if got is not None and got[0] == sig and now - got[1] < RELIST:
+        return got[2]
+    names = _names(folder)  # after the stat: a change in between is seen next time
+    if len(_ended) >= 64:
+        _ended.clear()
+    _ended[key] = (sig, now, names)
+    return names
 
 
 def target(ref: str, snap: Snapshot) -> str | None:
@@ -527,20 +573,19 @@ def settle(
     # the history (3,000 listings every 2 s with 3,000 past upstreams; over a NAS four
     # round trips each).
     live = live_refs(tree, waiting, held) if folders is None else None
-    snap = Snapshot(tree)
     if jobs is not None:
+        snap = Snapshot(tree)
         candidates = sorted(set(jobs))
+    elif live is not None:
+        # A sweep looks with the end states' listings kept (Snapshot's ``sweep``), which can
+        # only tell it to wait; where some dependent may move, it looks again afresh.
+        snap = Snapshot(tree, sweep=True)
+        if _movable(live, live, waiting, held, snap, tree):
+            snap = Snapshot(tree)
+            candidates = _movable(live, live, waiting, held, snap, tree)
     else:
-        for ref in sorted(live if live is not None else folders or ()):
-            entries = live[ref] if live is not None else dependents(tree, ref)
-            if not any(e in waiting or e in held for e in entries):
-                continue
-            t = target(ref, snap)
-            state = snap.state(t) if t is not None else None
-            pinned_superseded = "@" in ref and snap.newest(ref.rpartition("@")[0]) != ref
-            if state in IN_FLIGHT and not pinned_superseded and not any(e in held for e in entries):
-                continue  # they still wait, and nothing in held/ could go back
-            candidates += [e for e in entries if e in waiting or e in held]
+        snap = Snapshot(tree)
+        candidates = _movable(folders or set(), None, waiting, held, snap, tree)
     moves: list[tuple[str, str, str, str]] = []  # (job, from, to, reason)
     # one probe and hash per file per batch: the upstream's object and the shared logo, music
     # of its dependents (a file changed in between has another key: its times, size or inode)
@@ -586,6 +631,31 @@ def live_refs(tree: Tree, waiting: set[str], held: set[str]) -> dict[str, list[s
             _refs_of[(root, jid)] = refs
         for ref in refs:
             out.setdefault(ref, []).append(jid)
+    return out
+
+
+def _movable(
+    refs: Iterable[str],
+    live: Mapping[str, list[str]] | None,
+    waiting: set[str],
+    held: set[str],
+    snap: Snapshot,
+    tree: Tree,
+) -> list[str]:
+    """The dependents under ``refs`` (their entries: ``live``'s, else the reverse index's)
+    that may move now: a target no longer in flight, a pinned revision superseded, or a
+    held dependent that may go back."""
+    out: list[str] = []
+    for ref in sorted(refs):
+        entries = live[ref] if live is not None else dependents(tree, ref)
+        if not any(e in waiting or e in held for e in entries):
+            continue
+        t = target(ref, snap)
+        state = snap.state(t) if t is not None else None
+        pinned_superseded = "@" in ref and snap.newest(ref.rpartition("@")[0]) != ref
+        if state in IN_FLIGHT and not pinned_superseded and not any(e in held for e in entries):
+            continue  # they still wait, and nothing in held/ could go back
+        out += [e for e in entries if e in waiting or e in held]
     return out
 
 
