@@ -449,9 +449,22 @@ def test_a_sweep_keeps_the_end_states_listings_and_moves_a_dependent_only_on_a_f
     for _ in range(3):  # the upstream is pending: the dependent waits
         assert not settle(tree, cfg, journal)
     assert listed.count(os.fspath(tree.complete)) == 1 and listed.count(os.fspath(tree.pending)) == 3
-    before = {os.fspath(f): real(f) for f in (tree.complete, tree.failed)}
-    monkeypatch.setattr(depends, "_ended_names", lambda folder: before[os.fspath(folder)])
+    before = {os.fspath(f): real(f) for f in (tree.complete, tree.failed, tree.deps)}
+    monkeypatch.setattr(depends, "_kept_names", lambda folder: before[os.fspath(folder)])
     assert run(tree, cfg, "master@1") == "complete"  # unseen in the kept listing
     got = settle(tree, cfg, journal)
     assert (got.pending, got.held) == ([jid], [])
     assert state(tree, jid) == "pending"
+
+
+def test_a_sweep_where_no_job_ever_waited_lists_deps_once(tree, cfg, journal, monkeypatch):
+    """Most spools have no dependencies: every daemon's sweep (every 2 s) then looks at
+    ``deps/`` by a stat, listing it again only when it changed (or 30 s on)."""
+    import os
+
+    listed: list[str] = []
+    real = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda p=".": listed.append(os.fspath(p)) or real(p))
+    for _ in range(3):
+        assert not settle(tree, cfg, journal)
+    assert listed == [os.fspath(tree.deps)]

@@ -99,10 +99,10 @@ IN_FLIGHT = frozenset({"waiting", "pending", "held", "running"})
 
 #: The end states, whose folders grow with the spool's history.
 ENDED = ("complete", "failed")
-#: A sweep's snapshot reuses an end state's listing for at most this long (seconds).
+#: A listing kept while its folder looks unchanged is kept for at most this long (seconds).
 RELIST = 30.0
-#: folder -> (its stat when listed, monotonic time listed, its names): see :func:`_ended_names`.
-_ended: dict[str, tuple[tuple[int, int, int, int], float, list[str]]] = {}
+#: folder -> (its stat when listed, monotonic time listed, its names): see :func:`_kept_names`.
+_kept: dict[str, tuple[tuple[int, int, int, int], float, list[str]]] = {}
 
 
 class Snapshot:
@@ -112,7 +112,7 @@ class Snapshot:
     ``sweep``: for the daemon's sweep every :data:`SWEEP` s while a job waits, which uses
     it only to find that every dependent still waits (:func:`settle` looks again afresh
     before it moves any): the end states' listings are kept while a stat shows their
-    folder unchanged (:func:`_ended_names`), and the live states, listed afresh, are read
+    folder unchanged (:func:`_kept_names`), and the live states, listed afresh, are read
     after them, so a job that left an end state (a failed upstream retried) is seen where
     it is now."""
 
@@ -125,7 +125,7 @@ class Snapshot:
         folders = ended + live if sweep else live + ended
         folders += [("running", tree.running_dir(w)) for w in running_workers(tree)]
         for state, folder in folders:
-            for n in _ended_names(folder) if sweep and state in ENDED else _names(folder):
+            for n in _kept_names(folder) if sweep and state in ENDED else _names(folder):
                 if n.endswith(".json") and n[0] != ".":
                     self.add(n[:-5], state)
 
@@ -151,15 +151,15 @@ def _names(folder: Path) -> list[str]:
         return []
 
 
-def _ended_names(folder: Path) -> list[str]:
-    """An end state's names for a sweep: the listing kept while a stat shows the folder
-    unchanged (its inode, times and link count), and for at most :data:`RELIST` s. With
-    20,000 jobs in ``complete/``, a sweep's listing every 2 s was ~200 round trips over
-    sshfs. A change within the timestamp's granularity (a NAS's: a second over sshfs)
-    can go unseen until the next change or the relisting: a dependent then waits up to
-    :data:`RELIST` s longer, never moves wrongly (a target missing from a kept listing
-    makes the sweep look afresh). The sweep is the fallback for a publish whose daemon
-    did not settle its dependents itself."""
+def _kept_names(folder: Path) -> list[str]:
+    """A folder's names, the listing kept while a stat shows the folder unchanged (its
+    inode, times and link count), and for at most :data:`RELIST` s: for the folders the
+    daemon looks at every few seconds and which change rarely or grow with the history
+    (``deps/``; ``complete/`` with 20,000 jobs was ~200 round trips a listing over sshfs).
+    A change within the timestamp's granularity (a NAS's: a second over sshfs) can go
+    unseen until the next change or the relisting, so a caller acts on a kept listing only
+    where that costs time, not a wrong move (a sweep looks afresh before it moves a
+    dependent)."""
     key = os.fspath(folder)
     try:
         st = os.stat(key)
@@ -167,13 +167,13 @@ def _ended_names(folder: Path) -> list[str]:
         return []
     sig = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink)
     now = time.monotonic()
-    got = _ended.get(key)
+    got = _kept.get(key)
     if got is not None and got[0] == sig and now - got[1] < RELIST:
         return got[2]
     names = _names(folder)  # after the stat: a change in between is seen next time
-    if len(_ended) >= 64:
-        _ended.clear()
-    _ended[key] = (sig, now, names)
+    if len(_kept) >= 64:
+        _kept.clear()
+    _kept[key] = (sig, now, names)
     return names
 
 
@@ -325,7 +325,7 @@ def write_entries(tree: Tree, job: Job) -> None:
         folder = tree.deps / _entry_folder(up)
         if not folder.is_dir():
             make_dirs(folder)
-            _ref_listing.pop(os.fspath(tree.deps), None)  # this process's own change: list again
+            _kept.pop(os.fspath(tree.deps), None)  # this process's own change: list again
         entry = folder / job.job_id
         if not entry.exists():
             with open(entry, "xb"):
@@ -348,32 +348,15 @@ def ref_folders(tree: Tree) -> list[str]:
         return []
 
 
-#: deps/ -> (its signature when listed, its ref folders): see :func:`_ref_folders_known`.
-_ref_listing: dict[str, tuple[tuple[int, int, int, int], list[str]]] = {}
-
-
 def _ref_folders_known(tree: Tree) -> list[str]:
-    """:func:`ref_folders`, listed again only when ``deps/`` changed: a new ref folder
-    changes the folder's times and (on most filesystems) its link count. The daemon asks
-    at nearly every step, and most answers are the same; a stat instead of a listing (on
-    a NAS usually no round trip, from the attribute cache, where a listing is four).
-    What this can miss, another host's new ref folder within the timestamp's granularity
-    (or a NAS client's attribute cache, ~1 s), waits for the sweep (:data:`SWEEP`); this
+    """:func:`ref_folders`, listed again only when ``deps/`` changed (:func:`_kept_names`):
+    a new ref folder changes the folder's times and (on most filesystems) its link count.
+    The daemon asks at nearly every step, and at each sweep, and most answers are the same;
+    a stat instead of a listing (on a NAS one round trip where a listing is six). What
+    this can miss, another host's new ref folder within the timestamp's granularity (or a
+    NAS client's attribute cache, ~1 s), is seen at the relisting (:data:`RELIST`); this
     process's own new ref folders drop the entry (:func:`write_entries`)."""
-    key = os.fspath(tree.deps)
-    try:
-        st = os.stat(key)  # before the listing: a change in between is seen next time
-    except FileNotFoundError:
-        return []
-    sig = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink)
-    got = _ref_listing.get(key)
-    if got is not None and got[0] == sig:
-        return got[1]
-    names = ref_folders(tree)
-    if len(_ref_listing) >= 64:
-        _ref_listing.clear()
-    _ref_listing[key] = (sig, names)
-    return names
+    return sorted(n for n in _kept_names(tree.deps) if n[0] not in "._")
 
 
 # -- judging a dependent --------------------------------------------------------------------
@@ -561,8 +544,8 @@ def settle(
     )
     if folders is not None and jobs is None and not folders:
         return done
-    if folders is None and not _ref_folders_known(tree) and not ref_folders(tree):
-        return done  # a sweep where no job ever waited: one look at deps/, as before
+    if folders is None and not _ref_folders_known(tree):
+        return done  # a sweep where no job ever waited: a stat of deps/
     waiting = _listing(tree.waiting)
     held = _listing(tree.held)
     if not waiting and not held:
