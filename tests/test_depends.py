@@ -468,3 +468,30 @@ def test_a_sweep_where_no_job_ever_waited_lists_deps_once(tree, cfg, journal, mo
     for _ in range(3):
         assert not settle(tree, cfg, journal)
     assert listed == [os.fspath(tree.deps)]
+
+
+def test_a_sweep_leaves_a_held_dependent_unread_until_a_newer_revision_appears(
+    tree, cfg, assets, journal, monkeypatch
+):
+    """A dependent held on a failed upstream may wait days for an operator: each sweep (every
+    2 s) read its hold record and job file and looked at every state folder afresh. The
+    sweep now reads the record once and looks afresh only once a newer revision is there."""
+    import os
+
+    up = accept_sub(tree, cfg, upstream(assets, output={"expect": {"width": 7}}))
+    jid = accept_sub(tree, cfg, dependent("cut", {"job": "master"}))
+    run(tree, cfg, up)
+    settle(tree, cfg, journal, up)
+    assert state(tree, jid) == "held"
+    listed: list[str] = []
+    records: list[str] = []
+    real_list, real_read = os.listdir, depends.hold_record
+    monkeypatch.setattr(os, "listdir", lambda p=".": listed.append(os.fspath(p)) or real_list(p))
+    monkeypatch.setattr(depends, "hold_record", lambda t, j: records.append(j) or real_read(t, j))
+    for _ in range(3):
+        assert not settle(tree, cfg, journal)
+    assert records == [jid] and listed.count(os.fspath(tree.complete)) <= 1
+    fixed = publish(tree, cfg, upstream(assets, revision=2, supersedes="master@1"))  # not settled by it
+    done = settle(tree, cfg, journal)
+    assert done.waiting == [jid] and done.pending == [jid]
+    assert job_file(tree, jid)["upstreams"][0]["job"] == fixed

@@ -563,7 +563,7 @@ def settle(
         # A sweep looks with the end states' listings kept (Snapshot's ``sweep``), which can
         # only tell it to wait; where some dependent may move, it looks again afresh.
         snap = Snapshot(tree, sweep=True)
-        if _movable(live, live, waiting, held, snap, tree):
+        if _movable(live, live, waiting, held, snap, tree, sweep=True):
             snap = Snapshot(tree)
             candidates = _movable(live, live, waiting, held, snap, tree)
     else:
@@ -624,10 +624,14 @@ def _movable(
     held: set[str],
     snap: Snapshot,
     tree: Tree,
+    *,
+    sweep: bool = False,
 ) -> list[str]:
     """The dependents under ``refs`` (their entries: ``live``'s, else the reverse index's)
     that may move now: a target no longer in flight, a pinned revision superseded, or a
-    held dependent that may go back."""
+    held dependent that may go back. ``sweep``: the sweep's first, cheap look, where a held
+    dependent counts only if a newer revision than the one it was held on has appeared
+    (:func:`_held_on`; else every held dependent made every sweep read its files again)."""
     out: list[str] = []
     for ref in sorted(refs):
         entries = live[ref] if live is not None else dependents(tree, ref)
@@ -636,10 +640,51 @@ def _movable(
         t = target(ref, snap)
         state = snap.state(t) if t is not None else None
         pinned_superseded = "@" in ref and snap.newest(ref.rpartition("@")[0]) != ref
-        if state in IN_FLIGHT and not pinned_superseded and not any(e in held for e in entries):
+        if sweep:
+            # A held dependent moves only back to waiting/ (_back_to_waiting), and only
+            # once a newer revision is there; a waiting one only once its target is not.
+            settled = state in IN_FLIGHT and not pinned_superseded
+            if not any(e in held and _may_go_back(tree, e, ref, t) for e in entries) and (
+                settled or not any(e in waiting for e in entries)
+            ):
+                continue
+        elif state in IN_FLIGHT and not pinned_superseded and not any(e in held for e in entries):
             continue  # they still wait, and nothing in held/ could go back
         out += [e for e in entries if e in waiting or e in held]
     return out
+
+
+#: (spool root, held job ID) -> (cause, upstream) of its hold record: see :func:`_held_on`.
+_holds: dict[tuple[str, str], tuple[str, str]] = {}
+
+
+def _may_go_back(tree: Tree, jid: str, ref: str, now_target: str | None) -> bool:
+    """Whether :func:`_back_to_waiting` could move held ``jid`` (waiting on ``ref``, whose
+    target is ``now_target``): held on a name's revision that failed, was cancelled or is
+    gone, and a newer revision is there now. When in doubt (no record read), ``True``."""
+    held_on = _held_on(tree, jid)
+    if held_on is None:
+        return True
+    cause, upstream = held_on
+    if cause not in ("failed", "cancelled", "missing") or "@" in ref:
+        return False
+    return now_target is not None and now_target != upstream
+
+
+def _held_on(tree: Tree, jid: str) -> tuple[str, str] | None:
+    """A held job's hold record's cause and upstream, read once a process: the record is
+    written once when the job is held (a job held again has left ``held/`` between, and a
+    stale answer names an older revision, which only makes the sweep look afresh)."""
+    key = (os.fspath(tree.root), jid)
+    got = _holds.get(key)
+    if got is None:
+        rec = hold_record(tree, jid)
+        if rec is None:
+            return None
+        if len(_holds) > 100_000:
+            _holds.clear()
+        got = _holds[key] = (rec.cause, rec.upstream)
+    return got
 
 
 def _listing(folder: Path) -> set[str]:
