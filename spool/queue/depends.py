@@ -563,12 +563,13 @@ def settle(
         # A sweep looks with the end states' listings kept (Snapshot's ``sweep``), which can
         # only tell it to wait; where some dependent may move, it looks again afresh.
         snap = Snapshot(tree, sweep=True)
-        if _movable(live, live, waiting, held, snap, tree, sweep=True):
+        if _movable(live, waiting, held, snap, tree, sweep=True):
             snap = Snapshot(tree)
-            candidates = _movable(live, live, waiting, held, snap, tree)
+            candidates = _movable(live, waiting, held, snap, tree)
     else:
         snap = Snapshot(tree)
-        candidates = _movable(folders or set(), None, waiting, held, snap, tree)
+        entries = {ref: dependents(tree, ref) for ref in sorted(folders or ())}
+        candidates = _movable(entries, waiting, held, snap, tree)
     moves: list[tuple[str, str, str, str]] = []  # (job, from, to, reason)
     # one probe and hash per file per batch: the upstream's object and the shared logo, music
     # of its dependents (a file changed in between has another key: its times, size or inode)
@@ -618,8 +619,7 @@ def live_refs(tree: Tree, waiting: set[str], held: set[str]) -> dict[str, list[s
 
 
 def _movable(
-    refs: Iterable[str],
-    live: Mapping[str, list[str]] | None,
+    entries_of: Mapping[str, list[str]],
     waiting: set[str],
     held: set[str],
     snap: Snapshot,
@@ -627,14 +627,13 @@ def _movable(
     *,
     sweep: bool = False,
 ) -> list[str]:
-    """The dependents under ``refs`` (their entries: ``live``'s, else the reverse index's)
-    that may move now: a target no longer in flight, a pinned revision superseded, or a
-    held dependent that may go back. ``sweep``: the sweep's first, cheap look, where a held
+    """The dependents (``entries_of``: ref folder -> its dependents) that may move now: a
+    target no longer in flight, a pinned revision superseded, or a held dependent that may
+    go back. ``sweep``: the sweep's first, cheap look, where a held
     dependent counts only if a newer revision than the one it was held on has appeared
     (:func:`_held_on`; else every held dependent made every sweep read its files again)."""
     out: list[str] = []
-    for ref in sorted(refs):
-        entries = live[ref] if live is not None else dependents(tree, ref)
+    for ref, entries in sorted(entries_of.items()):
         if not any(e in waiting or e in held for e in entries):
             continue
         t = target(ref, snap)
