@@ -5,7 +5,9 @@ superseded; cycles and unknown names rejected with the path of names."""
 from __future__ import annotations
 
 import json
+import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -123,7 +125,9 @@ def test_a_dependent_waits_visibly_then_renders_from_the_upstreams_exact_bytes(t
 def test_the_folders_a_change_concerns_are_listed_again_only_when_deps_changed(tree, monkeypatch):
     # The daemon asks after nearly every step; deps/ is listed again only when it changed
     # (a stat otherwise), and a ref folder another process makes is seen at the next ask.
+    # A listing in the second of a change is not kept (spool.disk.kept's racy rule).
     tree.deps.mkdir(exist_ok=True)
+    _changed_a_minute_ago(tree.deps)
     listed: list[str] = []
     real = depends.os.listdir
     monkeypatch.setattr(depends.os, "listdir", lambda p: listed.append(str(p)) or real(p))
@@ -134,7 +138,19 @@ def test_the_folders_a_change_concerns_are_listed_again_only_when_deps_changed(t
     (tree.deps / "mug@1").mkdir()
     assert depends.affected(tree, ["mug@2"]) == {"mug", "mug@1"}
     assert depends.affected(tree, ["logo@1"]) == set()
-    assert listed == [str(tree.deps)] * 2
+    assert listed == [str(tree.deps)] * 3, "a listing in the second of a change is not kept"
+    _changed_a_minute_ago(tree.deps)
+    assert depends.affected(tree, ["logo@1"]) == set()
+    assert depends.affected(tree, ["mug@2"]) == {"mug", "mug@1"}
+    assert listed == [str(tree.deps)] * 4
+
+
+def _changed_a_minute_ago(*folders: Path) -> None:
+    """Folders as a daemon finds them between changes: their mtimes in the past, outside
+    the racy window of spool.disk.kept (a test makes and looks in the same second)."""
+    past = int((time.time() - 60) * 1e9)
+    for f in folders:
+        os.utime(f, ns=(past, past))
 
 
 def test_the_recipe_hash_names_the_upstream_object(tree, cfg, assets):
@@ -413,14 +429,13 @@ def test_a_sweep_starts_from_the_live_dependents_not_from_every_past_upstream(
     """The reverse index keeps a folder for every upstream ever waited for (spool show draws
     them): a sweep that listed each one grew with the history (over a NAS, four round trips
     a folder every 2 s). It reads the waiting and held job files instead, once each."""
-    import os
-
     accept_sub(tree, cfg, upstream(assets))
     jid = accept_sub(tree, cfg, dependent("cut", {"job": "master"}))
     for i in range(50):  # upstreams of dependents long gone
         (tree.deps / f"old-{i}").mkdir()
         (tree.deps / f"old-{i}" / f"old-dep-{i}@1").touch()
     assert state(tree, jid) == "waiting" and run(tree, cfg, "master@1") == "complete"
+    _changed_a_minute_ago(tree.deps, tree.complete, tree.failed)
     listed: list[str] = []
     real = os.listdir
     monkeypatch.setattr(os, "listdir", lambda p=".": listed.append(os.fspath(p)) or real(p))
@@ -439,10 +454,9 @@ def test_a_sweep_keeps_the_end_states_listings_and_moves_a_dependent_only_on_a_f
     listing while a stat shows the folder unchanged. Over a NAS whose folder times are too
     coarse to show a publish, that listing can be stale: it may make the sweep wait
     longer, never move a dependent wrongly (here: hold it as if its upstream were gone)."""
-    import os
-
     accept_sub(tree, cfg, upstream(assets))
     jid = accept_sub(tree, cfg, dependent("cut", {"job": "master"}))
+    _changed_a_minute_ago(tree.deps, tree.complete, tree.failed)
     listed: list[str] = []
     real = os.listdir
     monkeypatch.setattr(os, "listdir", lambda p=".": listed.append(os.fspath(p)) or real(p))
@@ -450,7 +464,7 @@ def test_a_sweep_keeps_the_end_states_listings_and_moves_a_dependent_only_on_a_f
         assert not settle(tree, cfg, journal)
     assert listed.count(os.fspath(tree.complete)) == 1 and listed.count(os.fspath(tree.pending)) == 3
     before = {os.fspath(f): real(f) for f in (tree.complete, tree.failed, tree.deps)}
-    monkeypatch.setattr(depends, "_kept_names", lambda folder: before[os.fspath(folder)])
+    monkeypatch.setattr(depends.kept, "names", lambda folder: before[os.fspath(folder)])
     assert run(tree, cfg, "master@1") == "complete"  # unseen in the kept listing
     got = settle(tree, cfg, journal)
     assert (got.pending, got.held) == ([jid], [])
@@ -460,8 +474,7 @@ def test_a_sweep_keeps_the_end_states_listings_and_moves_a_dependent_only_on_a_f
 def test_a_sweep_where_no_job_ever_waited_lists_deps_once(tree, cfg, journal, monkeypatch):
     """Most spools have no dependencies: every daemon's sweep (every 2 s) then looks at
     ``deps/`` by a stat, listing it again only when it changed (or 30 s on)."""
-    import os
-
+    _changed_a_minute_ago(tree.deps)
     listed: list[str] = []
     real = os.listdir
     monkeypatch.setattr(os, "listdir", lambda p=".": listed.append(os.fspath(p)) or real(p))
@@ -476,13 +489,12 @@ def test_a_sweep_leaves_a_held_dependent_unread_until_a_newer_revision_appears(
     """A dependent held on a failed upstream may wait days for an operator: each sweep (every
     2 s) read its hold record and job file and looked at every state folder afresh. The
     sweep now reads the record once and looks afresh only once a newer revision is there."""
-    import os
-
     up = accept_sub(tree, cfg, upstream(assets, output={"expect": {"width": 7}}))
     jid = accept_sub(tree, cfg, dependent("cut", {"job": "master"}))
     run(tree, cfg, up)
     settle(tree, cfg, journal, up)
     assert state(tree, jid) == "held"
+    _changed_a_minute_ago(tree.deps, tree.complete, tree.failed)
     listed: list[str] = []
     records: list[str] = []
     real_list, real_read = os.listdir, depends.hold_record

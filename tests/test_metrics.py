@@ -326,31 +326,6 @@ def test_metrics_follow_other_processes_and_list_only_changed_folders(tree, asse
     assert values(series, "spool_jobs", state="complete") == [1]
 
 
-def test_a_folder_changed_in_the_tick_it_was_read_is_read_again(tmp_path):
-    """SFTP carries whole seconds: a name added in the second of the listing leaves the
-    folder's mtime as it was, so a recent mtime is not trusted; an old one is."""
-    folder = tmp_path / "f"
-    folder.mkdir()
-    seen = metrics.Folders()
-
-    def count() -> int:
-        return len(os.listdir(folder))
-
-    now = time.time()
-    assert seen.get("f", (folder,), count, now) == 0
-    mtime = folder.stat().st_mtime_ns
-    (folder / "a").touch()
-    os.utime(folder, ns=(mtime, mtime))  # the same tick: the mtime did not move
-    assert seen.get("f", (folder,), count, now + 1) == 1, "a racy reading is read again"
-    past = int((now - 60) * 1e9)
-    os.utime(folder, ns=(past, past))
-    assert seen.get("f", (folder,), count, now + 2) == 1
-    assert seen.get("f", (folder,), count, now + 3) == 1
-    assert seen.reads["f"] == 3, "an old, unchanged mtime is trusted"
-    (folder / "b").touch()
-    assert seen.get("f", (folder,), count, now + 4) == 2
-
-
 def test_the_pending_age_is_the_one_the_heartbeat_carries(tree, monkeypatch):
     """Asking the claim index for its oldest job is a pass over every pending job:
     the hook takes what the daemon's last heartbeat already carried."""

@@ -24,23 +24,21 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TypeVar, cast
 
 from spool.core.config import Config
 from spool.core.families import Family, Histogram, exposition, parse
 from spool.core.model import Event, PoolUse, WorkerRecord
+from spool.disk.kept import Kept
 from spool.disk.tree import Tree, list_folder, visible_names, write_atomic
 from spool.kinds import views
 from spool.library import enrich, index
 from spool.library.catalog import families as library_families
 from spool.observe import overview
 from spool.queue.status import read, running_workers
-
-T = TypeVar("T")
 
 #: Upper bounds (seconds) of the render-time histogram's buckets.
 RENDER_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
@@ -190,52 +188,8 @@ def _queue_gauges(
 
 # -- a daemon's view: list a folder only when it changed ------------------------------------
 
-#: A folder's identity and modification time (``None``: it does not exist).
-Signature = tuple[int, int] | None
-
-
-def signature(folder: Path) -> Signature:
-    """One stat of ``folder``: one round trip on a network mount, where listing a
-    folder is one per page of names and a stat per entry that needs one."""
-    try:
-        st = folder.stat()
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    return (st.st_ino, st.st_mtime_ns)
-
-
-class Folders:
-    """What was read from folders, read again only when one of them changed.
-
-    A folder's mtime changes when a name is added, removed or renamed in it,
-    which is everything a state folder's count and its entries' ctimes depend
-    on. One caveat, as git's "racy" index has it: a change in the same clock
-    tick as the reading leaves the mtime unchanged (SFTP carries whole seconds),
-    so a reading whose newest folder mtime is within :data:`RACY` seconds of when
-    it was read is not trusted, and the folders are read again next time.
-    Used from one thread."""
-
-    RACY = 2.0
-
-    def __init__(self) -> None:
-        self._seen: dict[object, tuple[tuple[Signature, ...], object, bool, object]] = {}
-        #: readings that ran, per key (the other calls were answered from what was seen)
-        self.reads: Counter[object] = Counter()
-
-    def get(
-        self, key: object, folders: tuple[Path, ...], read: Callable[[], T], now: float, extra: object = None
-    ) -> T:
-        """``read()``, or what it returned last time for ``key`` if every folder
-        (and ``extra``, an in-memory part of the answer) is as it was then."""
-        sigs = tuple(signature(f) for f in folders)
-        seen = self._seen.get(key)
-        if seen is not None and seen[0] == sigs and seen[2] and seen[3] == extra:
-            return cast(T, seen[1])
-        value = read()
-        newest = max((s[1] / 1e9 for s in sigs if s is not None), default=0.0)
-        self._seen[key] = (sigs, value, newest < now - self.RACY, extra)
-        self.reads[key] += 1
-        return value
+#: A worker record's identity and modification time, as last read.
+RecordStamp = tuple[int, int] | None
 
 
 @dataclass
@@ -260,8 +214,8 @@ class QueueView:
 
     def __init__(self, tree: Tree) -> None:
         self.tree = tree
-        self.folders = Folders()
-        self._records: dict[str, tuple[Signature, WorkerRecord | None]] = {}
+        self.folders = Kept()
+        self._records: dict[str, tuple[RecordStamp, WorkerRecord | None]] = {}
 
     def families(self, own: Own, now: float) -> list[Family]:
         t, get = self.tree, self.folders.get
@@ -321,7 +275,7 @@ class QueueView:
         beats = [] if own.beat_age is None else [(own.worker, own.beat_age)]
         mine = f"{own.worker}.json"
         names = sorted(visible_names(folder))
-        records: dict[str, tuple[Signature, WorkerRecord | None]] = {}
+        records: dict[str, tuple[RecordStamp, WorkerRecord | None]] = {}
         for name in names:
             if name == mine:
                 continue
@@ -329,7 +283,7 @@ class QueueView:
                 st = (folder / name).stat()
             except FileNotFoundError:
                 continue
-            sig: Signature = (st.st_ino, st.st_mtime_ns)
+            sig: RecordStamp = (st.st_ino, st.st_mtime_ns)
             seen = self._records.get(name)
             rec = seen[1] if seen is not None and seen[0] == sig else read(folder / name, WorkerRecord)
             records[name] = (sig, rec)

@@ -62,7 +62,7 @@ from spool.core.errors import InvalidInput
 from spool.core.faults import crashpoint
 from spool.core.model import JOB_ID_RE, Failure, HoldRecord, Manifest, Upstream, encode, now
 from spool.core.sourceref import refs
-from spool.disk import formats, groupcommit
+from spool.disk import formats, groupcommit, kept
 from spool.disk.records import read
 from spool.disk.tree import (
     JOB_COPY,
@@ -99,10 +99,6 @@ IN_FLIGHT = frozenset({"waiting", "pending", "held", "running"})
 
 #: The end states, whose folders grow with the spool's history.
 ENDED = ("complete", "failed")
-#: A listing kept while its folder looks unchanged is kept for at most this long (seconds).
-RELIST = 30.0
-#: folder -> (its stat when listed, monotonic time listed, its names): see :func:`_kept_names`.
-_kept: dict[str, tuple[tuple[int, int, int, int], float, list[str]]] = {}
 
 
 class Snapshot:
@@ -112,7 +108,7 @@ class Snapshot:
     ``sweep``: for the daemon's sweep every :data:`SWEEP` s while a job waits, which uses
     it only to find that every dependent still waits (:func:`settle` looks again afresh
     before it moves any): the end states' listings are kept while a stat shows their
-    folder unchanged (:func:`_kept_names`), and the live states, listed afresh, are read
+    folder unchanged (:func:`spool.disk.kept.names`), and the live states, listed afresh, are read
     after them, so a job that left an end state (a failed upstream retried) is seen where
     it is now."""
 
@@ -125,7 +121,7 @@ class Snapshot:
         folders = ended + live if sweep else live + ended
         folders += [("running", tree.running_dir(w)) for w in running_workers(tree)]
         for state, folder in folders:
-            for n in _kept_names(folder) if sweep and state in ENDED else _names(folder):
+            for n in kept.names(folder) if sweep and state in ENDED else _names(folder):
                 if n.endswith(".json") and n[0] != ".":
                     self.add(n[:-5], state)
 
@@ -149,32 +145,6 @@ def _names(folder: Path) -> list[str]:
         return os.listdir(folder)
     except FileNotFoundError:
         return []
-
-
-def _kept_names(folder: Path) -> list[str]:
-    """A folder's names, the listing kept while a stat shows the folder unchanged (its
-    inode, times and link count), and for at most :data:`RELIST` s: for the folders the
-    daemon looks at every few seconds and which change rarely or grow with the history
-    (``deps/``; ``complete/`` with 20,000 jobs was ~200 round trips a listing over sshfs).
-    A change within the timestamp's granularity (a NAS's: a second over sshfs) can go
-    unseen until the next change or the relisting, so a caller acts on a kept listing only
-    where that costs time, not a wrong move (a sweep looks afresh before it moves a
-    dependent)."""
-    key = os.fspath(folder)
-    try:
-        st = os.stat(key)
-    except FileNotFoundError:
-        return []
-    sig = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink)
-    now = time.monotonic()
-    got = _kept.get(key)
-    if got is not None and got[0] == sig and now - got[1] < RELIST:
-        return got[2]
-    names = _names(folder)  # after the stat: a change in between is seen next time
-    if len(_kept) >= 64:
-        _kept.clear()
-    _kept[key] = (sig, now, names)
-    return names
 
 
 def target(ref: str, snap: Snapshot) -> str | None:
@@ -325,7 +295,7 @@ def write_entries(tree: Tree, job: Job) -> None:
         folder = tree.deps / _entry_folder(up)
         if not folder.is_dir():
             make_dirs(folder)
-            _kept.pop(os.fspath(tree.deps), None)  # this process's own change: list again
+            kept.forget(tree.deps)  # this process's own change: list again
         entry = folder / job.job_id
         if not entry.exists():
             with open(entry, "xb"):
@@ -349,14 +319,14 @@ def ref_folders(tree: Tree) -> list[str]:
 
 
 def _ref_folders_known(tree: Tree) -> list[str]:
-    """:func:`ref_folders`, listed again only when ``deps/`` changed (:func:`_kept_names`):
+    """:func:`ref_folders`, listed again only when ``deps/`` changed (:func:`spool.disk.kept.names`):
     a new ref folder changes the folder's times and (on most filesystems) its link count.
     The daemon asks at nearly every step, and at each sweep, and most answers are the same;
     a stat instead of a listing (on a NAS one round trip where a listing is six). What
-    this can miss, another host's new ref folder within the timestamp's granularity (or a
-    NAS client's attribute cache, ~1 s), is seen at the relisting (:data:`RELIST`); this
-    process's own new ref folders drop the entry (:func:`write_entries`)."""
-    return sorted(n for n in _kept_names(tree.deps) if n[0] not in "._")
+    this can miss, another host's new ref folder behind a NAS client's attribute cache,
+    is seen at the relisting (30 s on); this process's own new ref folders drop the kept
+    listing (:func:`write_entries`)."""
+    return sorted(n for n in kept.names(tree.deps) if n[0] not in "._")
 
 
 # -- judging a dependent --------------------------------------------------------------------
