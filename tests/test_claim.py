@@ -6,6 +6,7 @@ import errno
 import json
 import multiprocessing as mp
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,24 @@ def test_transfer_creates_a_missing_destination_folder_once(tmp_path: Path):
     # A source that is gone and a destination that never came: lost, not created.
     assert transfer(tmp_path / "b.json", tmp_path / "other" / "b.json") is False
     assert not (tmp_path / "other").exists()
+
+
+def test_the_pending_index_lists_pending_again_only_when_it_changed(tree, cfg, assets, monkeypatch):
+    """The daemon rescans pending/ every 2 s for jobs other hosts added (inotify is blind
+    to them): while a stat shows the folder unchanged, the listing is kept
+    (spool.disk.kept), and a job another process accepts is still found."""
+    accept.accept_bytes(tree, cfg, json.dumps(minimal(assets, name="first")).encode(), "t")
+    past = int((time.time() - 60) * 1e9)
+    os.utime(tree.pending, ns=(past, past))  # last changed a minute ago
+    listed: list[str] = []
+    real, real_scan = os.listdir, os.scandir
+    monkeypatch.setattr(os, "listdir", lambda p=".": listed.append(os.fspath(p)) or real(p))
+    monkeypatch.setattr(os, "scandir", lambda p=".": listed.append(os.fspath(p)) or real_scan(p))
+    index = claim.PendingIndex(tree)
+    for _ in range(3):
+        assert index.refresh() == 1
+    assert listed.count(os.fspath(tree.pending)) == 1
+    accept.accept_bytes(tree, cfg, json.dumps(minimal(assets, name="second")).encode(), "t")
+    assert index.refresh() == 2
+    assert list(index.ordered()) == ["first@1", "second@1"]
+    assert listed.count(os.fspath(tree.pending)) == 2

@@ -519,3 +519,23 @@ def test_the_next_look_follows_every_change_of_the_records_and_of_the_quiet_peri
     assert arrivals.next_look() == float("-inf")
     arrivals.taken("b.json")
     assert arrivals.next_look() is None
+
+
+def test_an_idle_poll_of_incoming_is_a_stat_and_another_process_drop_is_still_taken(
+    tree: Tree, cfg: Config, journal: Journal, assets: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """An idle daemon polls incoming/ every 2 s; over a NAS a listing of even an empty
+    folder is six round trips, a stat one (spool.disk.kept). The listing is kept while
+    the folder's stat is unchanged; a drop made by anyone changes it."""
+    past = int((time.time() - 60) * 1e9)
+    os.utime(tree.incoming, ns=(past, past))  # last changed a minute ago
+    listed: list[str] = []
+    real = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda p=".": listed.append(os.fspath(p)) or real(p))
+    for _ in range(3):
+        assert accept.accept_incoming(tree, cfg, "w1", journal) == []
+    assert listed.count(os.fspath(tree.incoming)) == 1
+    (tree.incoming / "late.json").write_text(json.dumps(minimal(assets, "late")))
+    (out,) = accept.accept_incoming(tree, cfg, "w1", journal)
+    assert isinstance(out, accept.Accepted) and out.job.job_id == "late@1"
+    assert listed.count(os.fspath(tree.incoming)) == 2

@@ -335,3 +335,29 @@ def test_a_daemons_recovery_policy_reads_nothing_of_a_live_workers_jobs(tree, cf
     AutoRecover().tick(daemon)
     assert judged == []
     assert state_files(tree)["running"] == [f"{jid}.json"]
+
+
+def test_a_daemons_recovery_policy_lists_running_again_only_when_it_changed(tree, cfg, assets, monkeypatch):
+    """AutoRecover plans every few seconds, and each plan listed ``running/`` (over a NAS
+    six round trips, most finding the same worker folders): it is now kept while a stat
+    shows the folder unchanged (spool.disk.kept). A worker that claims for the first time
+    makes its folder, which changes ``running/``: its dead owner's jobs are still found."""
+    from spool.queue.events import Journal
+    from spool.queue.execute import Context
+    from spool.repair import recover
+
+    (tree.running / f"{HOST}-r").mkdir(parents=True, exist_ok=True)
+    past = int((time.time() - 60) * 1e9)
+    os.utime(tree.running, ns=(past, past))  # last changed a minute ago
+    ctx = Context(tree, cfg, f"{HOST}-r", Journal(tree, f"{HOST}-r"), threading.Event())
+    listed: list[str] = []
+    real = os.scandir
+    monkeypatch.setattr(os, "scandir", lambda p=".": listed.append(os.fspath(p)) or real(p))
+    for _ in range(3):
+        assert recover.plan(ctx, auto=True, report=False) == []
+    assert listed.count(os.fspath(tree.running)) == 1
+    jid = _stranded(tree, cfg, assets, f"{HOST}-gone")  # makes running/<worker>/
+    _record(tree, f"{HOST}-gone", host=HOST)  # this host, its pid gone: dead
+    [p] = recover.plan(ctx, auto=True, report=False)
+    assert p.worker == f"{HOST}-gone" and p.act and [o.job_id for o in p.jobs] == [jid]
+    assert listed.count(os.fspath(tree.running)) == 2

@@ -68,20 +68,17 @@ class Kept:
         read: Callable[[], T],
         now: float | None = None,
         extra: object = None,
+        max_age: float | None = None,
     ) -> T:
         """``read()``, or what it returned last time for ``key`` if every folder (and
         ``extra``, an in-memory part of the answer) is as it was then. ``now``: the wall
-        clock the racy rule compares folder mtimes with (default: ``time.time()``)."""
+        clock the racy rule compares folder mtimes with (default: ``time.time()``);
+        ``max_age``: this call's bound (default: the instance's)."""
         sigs = tuple(signature(f) for f in folders)  # before the read: a change in between is seen next time
         mono = time.monotonic()
+        age = self.max_age if max_age is None else max_age
         seen = self._seen.get(key)
-        if (
-            seen is not None
-            and seen[0] == sigs
-            and seen[2]
-            and seen[3] == extra
-            and mono - seen[4] < self.max_age
-        ):
+        if seen is not None and seen[0] == sigs and seen[2] and seen[3] == extra and mono - seen[4] < age:
             return cast(T, seen[1])
         value = read()
         wall = time.time() if now is None else now
@@ -99,8 +96,13 @@ class Kept:
             self._seen.pop(key, None)
 
 
-#: Listings kept by :func:`names` (for at most 30 s: see the module's note).
+#: Listings kept by :func:`names` (for at most 30 s unless a caller asks for less).
 LISTINGS = Kept(max_age=30.0)
+#: How long the queue's own folders' listings (``incoming/``, ``pending/``) are kept at
+#: most: what a stale folder stat hides from the daemon's poll (another host's drop behind
+#: an NFS client's attribute cache) is seen this late at worst, where the poll lists them
+#: every ``poll_interval`` (2 s). A drop from another host waits ``incoming_quiet`` anyway.
+QUEUE_RELIST = 10.0
 
 
 def _listdir(folder: Path) -> list[str]:
@@ -110,9 +112,10 @@ def _listdir(folder: Path) -> list[str]:
         return []
 
 
-def names(folder: Path) -> list[str]:
-    """A folder's names (none if it does not exist), the listing kept while unchanged."""
-    return LISTINGS.get(os.fspath(folder), (folder,), lambda: _listdir(folder))
+def names(folder: Path, max_age: float | None = None) -> list[str]:
+    """A folder's names (none if it does not exist), the listing kept while unchanged
+    (and for at most ``max_age`` s; default 30). The list is shared: do not change it."""
+    return LISTINGS.get(os.fspath(folder), (folder,), lambda: _listdir(folder), max_age=max_age)
 
 
 def forget(folder: Path) -> None:

@@ -44,7 +44,7 @@ from spool.core.faults import crashpoint
 from spool.core.model import Rejection, encode, job_id, now
 from spool.core.secrets import redact
 from spool.core.submission import Submission
-from spool.disk import formats, groupcommit
+from spool.disk import formats, groupcommit, kept
 from spool.disk.diskfull import is_disk_full
 from spool.disk.tree import (
     JOB_COPY,
@@ -712,10 +712,10 @@ def take_incoming(
     without it every drop is taken (for callers that know the writers are done).
     """
     prefix = _taken_prefix(worker)
-    try:
-        names = os.listdir(tree.incoming)
-    except FileNotFoundError:
-        return
+    # Kept while a stat shows incoming/ unchanged: an idle daemon polls every 2 s, and
+    # over a NAS a listing of even an empty folder is six round trips, a stat one. A drop
+    # being written in place does not change the folder: its name is in the kept listing.
+    names = kept.names(tree.incoming, max_age=kept.QUEUE_RELIST)
     for name in sorted(n for n in names if n.startswith(prefix)):
         yield name[len(prefix) :], tree.incoming / name, True, None
     if arrivals is not None:

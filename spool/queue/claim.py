@@ -27,7 +27,8 @@ import msgspec
 
 from spool import kinds
 from spool.core.model import Record
-from spool.disk.tree import NotRegular, Tree, read_regular, transfer, visible_names
+from spool.disk import kept
+from spool.disk.tree import NotRegular, Tree, is_visible, read_regular, transfer
 from spool.kinds import pools
 from spool.queue import blocklist, retry
 
@@ -159,7 +160,10 @@ class PendingIndex:
 
     def _list(self) -> None:
         cpu = time.thread_time()
-        listed = [n[:-5] for n in visible_names(self.tree.pending)]
+        # Kept while a stat shows pending/ unchanged (an idle daemon lists it every 2 s;
+        # over a NAS a listing is a round trip a page of names, a stat one).
+        names_now = kept.names(self.tree.pending, max_age=kept.QUEUE_RELIST)
+        listed = [n[:-5] for n in names_now if n.endswith(".json") and is_visible(n)]
         names = set(listed)
         for jid in self._keys.keys() - names:
             self.discard(jid)

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from spool.disk import kept as _kept
 from spool.disk.tree import FLAT_STATES, STATES, Tree, Value, list_folder, visible_names
 
 if TYPE_CHECKING:
@@ -38,8 +39,17 @@ class Location(Value):
         self._set(state=state, path=path, worker=worker)
 
 
-def running_workers(tree: Tree) -> list[str]:
-    """Names of the folders in ``running/`` (one per worker that ever claimed)."""
+def running_workers(tree: Tree, *, kept: bool = False) -> list[str]:
+    """Names of the folders in ``running/`` (one per worker that ever claimed).
+
+    ``kept``: the answer kept while a stat shows ``running/`` unchanged
+    (:mod:`spool.disk.kept`), for a daemon's policies that ask every few seconds and that
+    a new worker's folder seen late costs time only (over a NAS a listing is six round
+    trips, a stat one)."""
+    if kept:
+        return _kept.LISTINGS.get(
+            ("workers", os.fspath(tree.running)), (tree.running,), lambda: running_workers(tree)
+        )
     try:
         with os.scandir(tree.running) as it:
             return sorted(e.name for e in it if e.is_dir() and not e.name.startswith("."))

@@ -488,7 +488,8 @@ def plan(
     ``report=False`` (a daemon's policy, every few seconds): a worker left alone gets
     no per-job decisions (``WorkerPlan.jobs`` empty). Deciding reads each of its jobs'
     file, attempts, records and manifest: for a farm's live workers, every few seconds
-    and on a NAS, a steady load that acted on nothing.
+    and on a NAS, a steady load that acted on nothing. Its listing of ``running/`` is
+    kept while a stat shows the folder unchanged (``running_workers(kept=True)``).
 
     Dead workers (same host, certain) are recovered. A suspect worker (another
     host, stale heartbeat) only when named by an operator (``worker=``) or when
@@ -500,7 +501,7 @@ def plan(
     stale = ctx.cfg.recovery.stale_after
     server = None if observer is not None else liveness.server_now(ctx.tree)
     out = []
-    for w in running_workers(ctx.tree):
+    for w in running_workers(ctx.tree, kept=not report):
         if w == ctx.worker or (worker is not None and w != worker):
             continue
         jobs = jobs_of(ctx.tree, w)
