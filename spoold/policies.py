@@ -44,7 +44,7 @@ from spool.core.config import Config
 from spool.disk import diskfull, formats
 from spool.disk.tree import Tree, apply_umask
 from spool.library import segments
-from spool.queue import blocklist, health, liveness
+from spool.queue import blocklist, health, liveness, workers
 from spool.repair import fsck, recover
 from spoold.hooks import Hook
 
@@ -378,23 +378,33 @@ class LeftoverSweep(Hook):
     """Once started, on a thread of its own: remove the leftovers of interrupted writes
     by dead processes of this host (:func:`spool.repair.fsck.sweep_leftovers`).
 
-    It walks every job's folders in ``attempts/``, which over a NAS with a long history
-    is minutes of requests; the daemon claims and publishes meanwhile, since no reader
-    takes a hidden name and no writer reuses one. A stopping daemon ends the walk at the
-    next job folder, except a draining one (``--drain``: nothing left to do, the sweep
-    included), which lets it finish."""
+    The shared folders always; every job's folders in ``attempts/`` only when a walk is
+    owed (:func:`spool.queue.workers.walk_owed`: this worker's previous process died, or
+    stopped before its walk ended), since over a NAS with a long history that walk is
+    minutes of requests at every start. The daemon claims and publishes meanwhile, since
+    no reader takes a hidden name and no writer reuses one. A stopping daemon ends the
+    walk at the next job folder, and its record says the walk is still owed; a draining
+    one (``--drain``: nothing left to do, the sweep included) lets it finish."""
 
     def __init__(self) -> None:
         self.thread: threading.Thread | None = None
         self.stop = threading.Event()
+        #: whether this process walks attempts/, and whether that walk ran to its end
+        self.walk = False
+        self.walked = False
 
     def started(self, daemon: Daemon) -> None:
         tree = daemon.tree
+        self.walk = workers.walk_owed(daemon.identity.previous)
+        daemon.heartbeat.leftovers_owed = self.walk  # carried by every beat until it ends
 
         def sweep() -> None:
             try:
-                for p in fsck.sweep_leftovers(tree, stop=self.stop.is_set):
+                for p in fsck.sweep_leftovers(tree, stop=self.stop.is_set, attempts=self.walk):
                     log.info("removed %s: %s", p.path, p.problem)
+                if self.walk and not self.stop.is_set():
+                    self.walked = True
+                    daemon.heartbeat.leftovers_owed = False  # the next beat says so
             except Exception:
                 loop_log.exception("sweeping the leftovers of interrupted writes failed; fsck finds them")
 
@@ -407,3 +417,7 @@ class LeftoverSweep(Hook):
         if not daemon.drain:
             self.stop.set()
         self.thread.join()
+        if self.walked and daemon.heartbeat.rec.leftovers_owed:
+            # The walk ended after the stopping beat (a drain waits for it): say so, or the
+            # next start walks again (a lost write only costs that).
+            daemon.heartbeat.beat(active=[], state="stopped")

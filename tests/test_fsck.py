@@ -12,7 +12,7 @@ import time
 
 import invariants
 import pytest
-from conftest import minimal, run_cli
+from conftest import minimal, run_cli, wait_for
 from libhelp import allow_noop, as_format_1, noop_sub
 
 from spool.core.model import Manifest
@@ -176,6 +176,38 @@ def test_a_daemon_sweeps_dead_writers_leftovers_once_started_and_never_a_live_on
     d = daemons(done, drain=True)
     assert d.wait(timeout=60) == 0, d.output()[-2000:]
     assert [p for p in gone if p.exists()] == [] and kept.exists()
+
+
+def test_a_daemon_walks_every_job_folder_only_when_its_worker_owes_the_walk(done, daemons):
+    """The walk of every job folder in attempts/ (over a NAS a dozen requests a job ever
+    run, at every start) runs when the worker's previous process died or there was none,
+    not after a clean stop; the shared folders are swept at every start."""
+    from spool.core.model import WorkerRecord
+    from spool.disk.records import read
+
+    def record() -> WorkerRecord:
+        rec = read(done.worker_file(f"{HOST}-w1"), WorkerRecord)
+        assert rec is not None
+        return rec
+
+    first = daemons(done, drain=True)  # no previous process: walks, then stops cleanly
+    assert first.wait(timeout=60) == 0, first.output()[-2000:]
+    assert (record().state, record().leftovers_owed) == ("stopped", False)
+    dead = _dead_pid()
+    deep = done.attempt_dir("good@1", 1) / f".attempt.json.{HOST}.{dead}.abcd0123.tmp"
+    flat = done.pending / f".x@1.json.{HOST}.{dead}.abcd0123.tmp"
+    for p in (deep, flat):
+        p.write_text("{")
+    clean = daemons(done, drain=True)  # its previous process stopped cleanly: no walk
+    assert clean.wait(timeout=60) == 0, clean.output()[-2000:]
+    assert not flat.exists() and deep.exists()
+    killed = daemons(done)
+    wait_for(lambda: record().pid == killed.proc.pid and record().state == "running")
+    killed.kill()  # as a crash leaves it: its record says running
+    after = daemons(done, drain=True)
+    assert after.wait(timeout=60) == 0, after.output()[-2000:]
+    assert not deep.exists(), "a start after a crash walks every job folder"
+    assert (record().state, record().leftovers_owed) == ("stopped", False)
 
 
 def test_a_stopped_sweep_leaves_the_job_folders_it_did_not_reach(done):

@@ -532,6 +532,9 @@ class WorkerRecord(Record, kw_only=True):
     #: host, another number is another mount: another client cache, which may show this
     #: worker's writes late (0: not recorded, by a daemon older than this field).
     device: int = 0
+    #: A walk of ``attempts/`` for leftovers of this host's dead writers is owed: a process of
+    #: this worker died, and no walk has finished since (:func:`spool.queue.workers.walk_owed`).
+    leftovers_owed: bool = False
 
 
 class Event(Record, kw_only=True, omit_defaults=True):

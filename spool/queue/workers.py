@@ -82,6 +82,18 @@ class Identity:
             self._file = None
 
 
+def walk_owed(previous: WorkerRecord | None) -> bool:
+    """Whether a starting daemon walks every job folder in ``attempts/`` for leftovers of
+    interrupted writes (:func:`spool.repair.fsck.sweep_leftovers`): when the previous
+    process of its worker died (its record does not say ``stopped``), stopped before a walk
+    it owed had finished, or there is none (a first start: what else died on this host is
+    not known). A process that stopped cleanly finished or removed its writes, and over a
+    NAS the walk is a dozen requests a job ever run, at every start. What other processes
+    of this host (a killed ``spool cancel``) leave meanwhile waits for an owed walk or
+    ``spool fsck``: hidden names no reader takes."""
+    return previous is None or previous.state != "stopped" or previous.leftovers_owed
+
+
 class Heartbeat:
     """Writes ``workers/<worker>.json``; ``beat()`` refreshes it."""
 
@@ -102,6 +114,8 @@ class Heartbeat:
         )
         #: The state of the last beat written durably (``None``: none yet by this process).
         self._durable_state: str | None = None
+        #: Carried by every beat (WorkerRecord.leftovers_owed): set while an owed walk runs.
+        self.leftovers_owed = False
 
     def beat(
         self,
@@ -126,6 +140,7 @@ class Heartbeat:
         if pools is not None:
             r.pools = pools
         r.quarantined = quarantined
+        r.leftovers_owed = self.leftovers_owed
         # Only a beat that changes who or what the worker is (its first, a new state) is
         # fsynced: a lost periodic beat only makes the worker look older. Liveness never
         # trusts a beat's age alone: same host, pid and boot id decide (and a reboot, the

@@ -452,17 +452,26 @@ def _subfolders(folder: Path) -> list[str]:
     return [e.path for e in _entries(folder) if e.is_dir(follow_symlinks=False)]
 
 
-def sweep_leftovers(tree: Tree, stop: Callable[[], bool] | None = None) -> list[Problem]:
+def sweep_leftovers(
+    tree: Tree, stop: Callable[[], bool] | None = None, *, attempts: bool = True
+) -> list[Problem]:
     """Remove what interrupted writes of dead processes of this host left behind (a
     daemon does this on a thread of its own once it has started: spoold.policies'
     LeftoverSweep). Nothing waits for it: a leftover has a hidden name no reader takes
     and no writer reuses, and a live process's are never touched. ``stop`` is asked
-    between job folders: what was found so far is removed, the rest waits."""
-    return _leftovers(tree, repair=True, grace=float("inf"), stop=stop, shards=False)
+    between job folders: what was found so far is removed, the rest waits.
+    ``attempts=False``: the shared folders only, not every job folder in ``attempts/``
+    (:func:`spool.queue.workers.walk_owed` says when a daemon walks them)."""
+    return _leftovers(tree, repair=True, grace=float("inf"), stop=stop, shards=False, attempts=attempts)
 
 
 def _leftovers(
-    tree: Tree, repair: bool, grace: float, stop: Callable[[], bool] | None = None, shards: bool = True
+    tree: Tree,
+    repair: bool,
+    grace: float,
+    stop: Callable[[], bool] | None = None,
+    shards: bool = True,
+    attempts: bool = True,
 ) -> list[Problem]:
     """Hidden temp files and attempt staging folders whose writer is a dead
     process of this host, or that are older than ``grace``. ``shards``: also in the
@@ -500,7 +509,7 @@ def _leftovers(
     # One listing a job folder and one an attempt folder, each read once for every kind of
     # leftover it may hold: with 50,000 finished jobs this walk takes a daemon's sweep
     # thread minutes over a NAS (four round trips a listing).
-    for jdir in _subfolders(tree.attempts):
+    for jdir in _subfolders(tree.attempts) if attempts else []:
         if stop is not None and stop():
             break
         for entry in _entries(jdir):
