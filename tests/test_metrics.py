@@ -398,3 +398,38 @@ def test_jobs_waiting_for_an_upstream_and_held_are_counted_by_state(tree, assets
     assert values(series, "spool_jobs", state="waiting") == [1]
     assert values(series, "spool_jobs", state="held") == [1]
     assert values(series, "spool_jobs", state="pending") == [1]
+
+
+def test_a_daemons_library_size_gauges_read_the_segments_at_most_every_library_every(tree, monkeypatch):
+    """Every daemon read every index segment a publish batch wrote, to count assets (over a
+    NAS five requests a segment a daemon). The size gauges are read again only when the
+    library's folders changed and at most every LIBRARY_EVERY s; a daemon's own index
+    delays come from memory at every write."""
+    from collections import deque
+
+    from libhelp import allow_noop, noop_sub, publish, tags_for
+
+    from spool.library import index
+    from spool.queue import status
+
+    cfg = allow_noop(tree)
+    publish(tree, cfg, noop_sub("a0", tags=tags_for(0)))
+    reads: list[str] = []
+    real = status._segment_names
+    monkeypatch.setattr(status, "_segment_names", lambda f: reads.append(str(f)) or real(f))
+    view = metrics.QueueView(tree)
+    own = metrics.Own("w1", (0, None), 0.0)
+    t0 = time.time()
+
+    def series(now: float) -> dict[Series, float]:
+        return strict_parse(families.exposition(view.families(own, now)))
+
+    assert values(series(t0), "spool_library_assets", worker="w1") == [1]
+    publish(tree, cfg, noop_sub("a1", tags=tags_for(1)))
+    monkeypatch.setattr(index, "RECENT_DELAYS", deque([0.5, 7.5], maxlen=100))  # this daemon's publishes
+    later = series(t0 + 15)  # the next metrics write
+    assert values(later, "spool_library_assets", worker="w1") == [1], "not read again yet"
+    assert values(later, "spool_library_index_delay_seconds", worker="w1", stat="max") == [7.5]
+    assert len(reads) == 1
+    assert values(series(t0 + metrics.LIBRARY_EVERY), "spool_library_assets", worker="w1") == [2]
+    assert len(reads) == 2

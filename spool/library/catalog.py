@@ -625,11 +625,11 @@ def stats(tree: Tree) -> dict[str, Any]:
     return dict(library_counts(tree))
 
 
-def families(tree: Tree, worker: str) -> list[Any]:
-    """Metrics gauges: index size, enrichment backlog, stored -> indexed delay."""
+def families(worker: str, st: dict[str, Any]) -> list[Any]:
+    """Metrics gauges: index size and enrichment backlog (from ``st``, :func:`stats`), and
+    the stored -> indexed delay of this process's publishes (from memory)."""
     from statistics import median
 
-    st = stats(tree)
     size = Family("spool_library_assets", "gauge", "Assets (names) with at least one indexed version.")
     size.add(st["assets"], worker=worker)
     backlog = Family(

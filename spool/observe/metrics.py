@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from spool.core.config import Config
 from spool.core.families import Family, Histogram, exposition, parse
@@ -37,6 +38,7 @@ from spool.disk.tree import Tree, list_folder, visible_names, write_atomic
 from spool.kinds import views
 from spool.library import enrich, index
 from spool.library.catalog import families as library_families
+from spool.library.catalog import stats as library_stats
 from spool.observe import overview
 from spool.queue.status import read, running_workers
 
@@ -44,6 +46,9 @@ from spool.queue.status import read, running_workers
 RENDER_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 #: Upper bounds (seconds) of the validation-time histogram's buckets.
 VALIDATE_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+#: The library's size gauges (assets, enrichment backlog) in a daemon's metrics are read
+#: again at most this often (seconds): see :meth:`QueueView._library`.
+LIBRARY_EVERY = 300.0
 #: File names of metrics files: ``spool-<worker>.prom``.
 PREFIX, SUFFIX = "spool-", ".prom"
 
@@ -151,7 +156,7 @@ def queue_families(
     return [
         *_queue_gauges(worker, now, scan.counts, scan.oldest_age, beats),
         *views.families(worker, tree, [jid for jid, _, _ in scan.running]),
-        *library_families(tree, worker),
+        *library_families(worker, library_stats(tree)),
     ]
 
 
@@ -216,6 +221,9 @@ class QueueView:
         self.tree = tree
         self.folders = Kept()
         self._records: dict[str, tuple[RecordStamp, WorkerRecord | None]] = {}
+        #: the library's size figures as last read (catalog.stats), and when (``now``)
+        self._library_stats: dict[str, Any] | None = None
+        self._library_at = 0.0
 
     def families(self, own: Own, now: float) -> list[Family]:
         t, get = self.tree, self.folders.get
@@ -293,16 +301,21 @@ class QueueView:
         return beats
 
     def _library(self, worker: str, now: float) -> list[Family]:
-        """The asset library's gauges, made again only when its folders or this
-        worker's recent index delays changed."""
-
-        return self.folders.get(
-            "library",
-            (*index.watched(self.tree), enrich.folder(self.tree)),
-            partial(library_families, self.tree, worker),
-            now,
-            extra=tuple(index.RECENT_DELAYS),
-        )
+        """The asset library's gauges. Its size figures are read again only when its
+        folders changed, and at most every :data:`LIBRARY_EVERY` s: they read every
+        unmerged index segment, and every daemon read each one a publish batch wrote
+        (over a NAS five requests a segment a daemon, and at each start all of them);
+        a daemon writing segments compacts them meanwhile, so most are never read here.
+        The index delays are this daemon's own, from memory, at every write."""
+        if self._library_stats is None or now - self._library_at >= LIBRARY_EVERY:
+            self._library_stats = self.folders.get(
+                "library",
+                (*index.watched(self.tree), enrich.folder(self.tree)),
+                partial(library_stats, self.tree),
+                now,
+            )
+            self._library_at = now
+        return library_families(worker, self._library_stats)
 
 
 # -- files --------------------------------------------------------------------------------------
