@@ -13,8 +13,9 @@ Two holes, closed by rule:
   whose newest folder mtime is within :data:`Kept.RACY` s of when it was read is not
   trusted; the next call reads again.
 - **A NAS client's attribute cache** (sshfs ``--cache low``: ~1 s; NFS ``acdirmax``: up to
-  60 s) may show an old stat after another host's change. ``max_age`` bounds how long a
-  reading is kept at all.
+  60 s) may show an old stat after another host's change, and a file server whose clock
+  runs behind this host's makes the racy rule trust a reading too soon. ``max_age`` bounds
+  how long a reading is kept at all.
 
 So a kept reading can be stale for up to ``max_age`` s: a caller acts on one only where
 staleness costs time (a gauge a tick late, a dependent that waits a sweep longer), never
