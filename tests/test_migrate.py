@@ -107,6 +107,16 @@ def test_an_unreadable_format_file_is_named_in_one_sentence(tree):
     assert r.returncode != 0 and "FORMAT does not name a format" in r.stderr
 
 
+def _running_as(tree: Tree, worker: str, pid: int) -> bool:
+    """Whether the daemon ``worker`` has started as process ``pid`` (its record says so)."""
+    from spool.core.model import WorkerRecord
+    from spool.disk.records import read
+    from spool.disk.tree import HOST
+
+    rec = read(tree.worker_file(f"{HOST}-{worker}"), WorkerRecord, replaced=True)
+    return rec is not None and rec.pid == pid and rec.state == "running"
+
+
 def _drop(tree: Tree, names: list[str]) -> None:
     for n in names:
         tmp = tree.incoming / f".{n}.tmp"
@@ -127,8 +137,11 @@ def test_old_and_new_format_daemons_share_one_spool_during_a_rolling_upgrade(tre
     wait_for(lambda: len(state_files(tree)["complete"]) >= 10, timeout=60)
     b.signal(signal.SIGKILL)
     b.wait(30)
-    _drop(tree, names[30:])
     b = daemons(tree, "new")
+    # Up before the rest arrive (the old daemon alone could drain them while the new one
+    # still starts, and the SIGTERM below would then meet it before its handler exists).
+    wait_for(lambda: _running_as(tree, "new", b.proc.pid), timeout=60)
+    _drop(tree, names[30:])
     wait_for(lambda: len(state_files(tree)["complete"]) == len(names), timeout=120)
     for d in (a, b):
         d.signal(signal.SIGTERM)
