@@ -186,9 +186,13 @@ def test_a_daemon_walks_every_job_folder_only_when_its_worker_owes_the_walk(done
     from spool.disk.records import read
 
     def record() -> WorkerRecord:
-        rec = read(done.worker_file(f"{HOST}-w1"), WorkerRecord)
+        rec = read(done.worker_file(f"{HOST}-w1"), WorkerRecord, replaced=True)  # heartbeats replace it
         assert rec is not None
         return rec
+
+    def running_as(pid: int) -> bool:
+        rec = read(done.worker_file(f"{HOST}-w1"), WorkerRecord, replaced=True)
+        return rec is not None and rec.pid == pid and rec.state == "running"
 
     first = daemons(done, drain=True)  # no previous process: walks, then stops cleanly
     assert first.wait(timeout=60) == 0, first.output()[-2000:]
@@ -202,7 +206,7 @@ def test_a_daemon_walks_every_job_folder_only_when_its_worker_owes_the_walk(done
     assert clean.wait(timeout=60) == 0, clean.output()[-2000:]
     assert not flat.exists() and deep.exists()
     killed = daemons(done)
-    wait_for(lambda: record().pid == killed.proc.pid and record().state == "running")
+    wait_for(lambda: running_as(killed.proc.pid))
     killed.kill()  # as a crash leaves it: its record says running
     after = daemons(done, drain=True)
     assert after.wait(timeout=60) == 0, after.output()[-2000:]
