@@ -389,21 +389,17 @@ class LeftoverSweep(Hook):
     def __init__(self) -> None:
         self.thread: threading.Thread | None = None
         self.stop = threading.Event()
-        #: whether this process walks attempts/, and whether that walk ran to its end
-        self.walk = False
-        self.walked = False
 
     def started(self, daemon: Daemon) -> None:
         tree = daemon.tree
-        self.walk = workers.walk_owed(daemon.identity.previous)
-        daemon.heartbeat.leftovers_owed = self.walk  # carried by every beat until it ends
+        walk = workers.walk_owed(daemon.identity.previous)
+        daemon.heartbeat.leftovers_owed = walk  # carried by every beat until the walk ends
 
         def sweep() -> None:
             try:
-                for p in fsck.sweep_leftovers(tree, stop=self.stop.is_set, attempts=self.walk):
+                for p in fsck.sweep_leftovers(tree, stop=self.stop.is_set, attempts=walk):
                     log.info("removed %s: %s", p.path, p.problem)
-                if self.walk and not self.stop.is_set():
-                    self.walked = True
+                if walk and not self.stop.is_set():
                     daemon.heartbeat.leftovers_owed = False  # the next beat says so
             except Exception:
                 loop_log.exception("sweeping the leftovers of interrupted writes failed; fsck finds them")
@@ -417,7 +413,7 @@ class LeftoverSweep(Hook):
         if not daemon.drain:
             self.stop.set()
         self.thread.join()
-        if self.walked and daemon.heartbeat.rec.leftovers_owed:
-            # The walk ended after the stopping beat (a drain waits for it): say so, or the
-            # next start walks again (a lost write only costs that).
+        if daemon.heartbeat.rec.leftovers_owed and not daemon.heartbeat.leftovers_owed:
+            # The walk ended after the last beat, the stopping one (a drain waits for it):
+            # say so, or the next start walks again (a lost write only costs that).
             daemon.heartbeat.beat(active=[], state="stopped")

@@ -106,7 +106,8 @@ LISTINGS = Kept(max_age=30.0)
 QUEUE_RELIST = 10.0
 
 
-def _listdir(folder: Path) -> list[str]:
+def listdir(folder: Path) -> list[str]:
+    """A folder's names now (none if it does not exist): what :func:`names` keeps."""
     try:
         return os.listdir(folder)
     except (FileNotFoundError, NotADirectoryError):
@@ -116,7 +117,7 @@ def _listdir(folder: Path) -> list[str]:
 def names(folder: Path, max_age: float | None = None) -> list[str]:
     """A folder's names (none if it does not exist), the listing kept while unchanged
     (and for at most ``max_age`` s; default 30). The list is shared: do not change it."""
-    return LISTINGS.get(os.fspath(folder), (folder,), lambda: _listdir(folder), max_age=max_age)
+    return LISTINGS.get(os.fspath(folder), (folder,), lambda: listdir(folder), max_age=max_age)
 
 
 def forget(folder: Path) -> None:

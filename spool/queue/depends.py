@@ -121,7 +121,7 @@ class Snapshot:
         folders = ended + live if sweep else live + ended
         folders += [("running", tree.running_dir(w)) for w in running_workers(tree)]
         for state, folder in folders:
-            for n in kept.names(folder) if sweep and state in ENDED else _names(folder):
+            for n in kept.names(folder) if sweep and state in ENDED else kept.listdir(folder):
                 if n.endswith(".json") and n[0] != ".":
                     self.add(n[:-5], state)
 
@@ -138,13 +138,6 @@ class Snapshot:
     def newest(self, name: str) -> str | None:
         revs = self.revs.get(name)
         return f"{name}@{max(revs)}" if revs else None
-
-
-def _names(folder: Path) -> list[str]:
-    try:
-        return os.listdir(folder)
-    except FileNotFoundError:
-        return []
 
 
 def target(ref: str, snap: Snapshot) -> str | None:
