@@ -1,7 +1,7 @@
 """tools/bench: spool side by side with the queues people would pick instead, and
 with the machine's limits (issue 7). Run it through ``tools/bench``.
 
-    tools/bench [all|dispatch|latency|render|publish|scale|library|syscalls|depends|nas|nasdispatch]
+    tools/bench [all|dispatch|latency|render|publish|scale|library|syscalls|depends|nas|nasdispatch|nasfloor]
                 [--quick|--smoke] [--json FILE] [--markdown] [--huge]
 
 Prints ONE table: each measure, spool's figure, a peer's figure (or the
@@ -32,7 +32,7 @@ from benchlib.common import Row, log, notes, rows_json, table
 
 MEASURES = ("dispatch", "latency", "render", "publish", "scale", "library", "syscalls", "depends")
 #: Measures run only when named: ``nas`` needs root and FUSE (tools/multimount).
-EXTRA = ("nas", "nasdispatch")
+EXTRA = ("nas", "nasdispatch", "nasfloor")
 
 
 def run_measure(name: str, mode: str) -> tuple[list[Row], list[str]]:
@@ -73,6 +73,10 @@ def run_measure(name: str, mode: str) -> tuple[list[Row], list[str]]:
         from benchlib import nasdispatch
 
         return nasdispatch.run(mode)
+    if name == "nasfloor":
+        from benchlib import nasfloor
+
+        return nasfloor.run(mode)
     if name == "library":
         from benchlib import library
 

@@ -11,9 +11,11 @@ layouts can be compared before either is built (docs/benchmarks.md, 2026-12-04).
 format 3 direction): the drop read before its claim and claimed straight into its job
 folder, the job written once as its frozen copy and linked into ``pending/``, the
 attempt folder made in place with the output beside its record (no staging folder, no
-``work/``). Usage::
+``work/``). :func:`floor` is the least
+SPEC's tree allows: the ceiling the others are held against. Usage::
 
-    python -m benchlib.layoutcost MOUNT_BASE JOBS
+    python -m benchlib.layoutcost MOUNT_BASE JOBS                  # requests a job, traced mount
+    python -m benchlib.layoutcost rate MOUNT JOBS THREADS LAYOUT... # jobs/s of the operations alone
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -128,7 +131,44 @@ def leaner(spool: Path, i: int) -> None:
     os.rename(running, spool / "complete" / f"{jid}.json")
 
 
-LAYOUTS: dict[str, Callable[[Path, int], None]] = {"format 2": format2, "leaner": leaner}
+def floor(spool: Path, i: int) -> None:
+    """The least any layout keeping SPEC's tree can do for one job: each name SPEC
+    sections 1, 3 and 5 require, made once, under its final name, and nothing else
+    (no temp name, no staging folder, no frozen copy or kept submission, no
+    ``result.json`` beside the manifest, the claimed file not read back: the acceptor
+    has the job in hand). The drop is read where it lies and removed; the job file is
+    written once into ``pending/`` and fsynced; the candidate is read once (the gate
+    and the hash in one read) and fsynced before its store link; the manifest is
+    fsynced before the move to ``complete/``. What a batch shares (folder fsyncs, the
+    journal's lines, the library's segment) is left out: it can be spread over many
+    jobs. Not a layout anyone should ship (a power cut may lose a claim or leave a
+    torn job file unnoticed): a floor to hold the others against."""
+    inc, jid = spool / "incoming", f"j{i}@1"
+    _read(inc / f"d{i}.json")
+    os.unlink(inc / f"d{i}.json")
+    _new(spool / "pending" / f"{jid}.json", JOB)
+    running = spool / "running" / "w" / f"{jid}.json"
+    os.rename(spool / "pending" / f"{jid}.json", running)
+    jobs = spool / "attempts" / jid
+    os.mkdir(jobs)
+    os.mkdir(jobs / "1")
+    _new(jobs / "1" / "attempt.json", b"{}", sync=False)
+    os.mkdir(jobs / "1" / "work")
+    out = jobs / "1" / "work" / f"{jid}.txt"
+    _new(out, OUTPUT, sync=False)
+    fd = os.open(out, os.O_RDONLY)  # the gate and the hash in one read
+    try:
+        os.read(fd, 1 << 16)
+        os.fchmod(fd, 0o444)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.link(out, _object(spool, i))
+    _new(spool / "manifests" / f"{jid}.json", MANIFEST, mode=0o444)
+    os.rename(running, spool / "complete" / f"{jid}.json")
+
+
+LAYOUTS: dict[str, Callable[[Path, int], None]] = {"format 2": format2, "leaner": leaner, "floor": floor}
 
 
 def count(base: Path, layout: str, jobs: int, settle: float = 2.5) -> Counter[str]:
@@ -147,7 +187,41 @@ def count(base: Path, layout: str, jobs: int, settle: float = 2.5) -> Counter[st
     return sftp_requests(log) - before
 
 
+def rate(mount: Path, layout: str, jobs: int, threads: int) -> float:
+    """Jobs a second that ``threads`` threads reach replaying ``layout`` alone over
+    ``mount`` (each thread whole jobs, one after another): what the file operations
+    cost in time with no daemon around them, the ceiling of any daemon writing that
+    layout on that mount with that much concurrency."""
+    spool = mount / f"rate-{layout.replace(' ', '')}-{time.time_ns()}"
+    make(spool, jobs)
+    time.sleep(2.5)  # FUSE's one-second caches expire, as between a daemon's jobs
+    step = LAYOUTS[layout]
+    todo = iter(range(jobs))
+    lock = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with lock:
+                i = next(todo, None)
+            if i is None:
+                return
+            step(spool, i)
+
+    t0 = time.perf_counter()
+    pool = [threading.Thread(target=work) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return jobs / (time.perf_counter() - t0)
+
+
 def main(argv: list[str]) -> int:
+    if argv[0] == "rate":  # rate MOUNT JOBS THREADS LAYOUT...
+        mount, jobs, threads = Path(argv[1]), int(argv[2]), int(argv[3])
+        for name in argv[4:]:
+            print(f"{name}: {rate(mount, name, jobs, threads):.1f} jobs/s with {threads} thread(s)")
+        return 0
     base, jobs = Path(argv[0]), int(argv[1])
     for name in LAYOUTS:
         got = count(base, name, jobs)

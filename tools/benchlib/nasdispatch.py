@@ -60,7 +60,7 @@ SHAPES = {"w1": (1, 1), "w2": (2, 1), "w2x4": (2, 4)}
 
 
 @contextlib.contextmanager
-def _juicefs(base: Path) -> Iterator[Path]:
+def juicefs_mount(base: Path) -> Iterator[Path]:
     up = subprocess.run(
         [str(JUICEFSMOUNT), "up", str(base), "--mounts", "1"], capture_output=True, text=True, timeout=600
     )
@@ -147,7 +147,7 @@ def _requests(fs: str, n: int) -> Row:
             log_ = sftp_log(base)
             count: Callable[[], Counter[str]] = lambda: sftp_requests(log_)  # noqa: E731
         else:
-            mount = stack.enter_context(_juicefs(base))
+            mount = stack.enter_context(juicefs_mount(base))
             meta = (base / ".juicefs" / "meta").read_text().strip()
             count = lambda: redis_commands(meta)  # noqa: E731
         for fmt in (2, 1):
@@ -175,7 +175,7 @@ def run(mode: str) -> tuple[list[Row], list[str]]:
     rows: list[Row] = []
     with scratch("disk", "nasdispatch-sshfs") as base, mounted(base) as (_export, mount):
         rows += _rows("sshfs", mount, n, rounds)
-    with scratch("disk", "nasdispatch-juicefs") as base, _juicefs(base) as mount:
+    with scratch("disk", "nasdispatch-juicefs") as base, juicefs_mount(base) as mount:
         rows += _rows("juicefs", mount, n, rounds)
     rows += [_requests(fs, n) for fs in FILESYSTEMS]
     notes = [
