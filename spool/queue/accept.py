@@ -542,8 +542,9 @@ class _Held:
         return None
 
     def release(self) -> None:
-        for job, to, from_, reason in self.lines:
-            self.journal.record(job, to, from_=from_, reason=reason)
+        with self.journal.batch():  # one write for the batch's lines
+            for job, to, from_, reason in self.lines:
+                self.journal.record(job, to, from_=from_, reason=reason)
         self.lines.clear()
 
 

@@ -27,6 +27,7 @@ Line format (documented in docs/operations.md, "The events journal")::
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -58,7 +59,12 @@ class _File:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.lock = threading.Lock()  # one writer at a time, in file order
+        # One writer at a time, in file order; re-entrant for a batch (Journal.batch), whose
+        # thread records its lines while holding it.
+        self.lock = threading.RLock()
+        #: A batch's lines and events, held until its one write (None: no batch open).
+        self.held: list[bytes] | None = None
+        self.held_events: list[tuple[Journal, Event]] = []
         self.sync_lock = threading.Lock()  # one fsync at a time; the next covers all who waited
         self.written = 0
         self.synced = 0
@@ -74,7 +80,11 @@ class _File:
         self._retired: list[int] = []
 
     def append(self, line: bytes) -> None:
-        """Write one line (called with ``lock`` held); it rides on the next group commit."""
+        """Write one line (called with ``lock`` held); it rides on the next group commit.
+        Inside a batch, the line waits for the batch's one write."""
+        if self.held is not None:
+            self.held.append(line)
+            return
         if self.keep_open:
             # No flock: a kept file is a daemon's own, named by the worker identity it holds
             # (spool.queue.workers), so no other process appends to it.
@@ -90,12 +100,12 @@ class _File:
         finally:
             os.close(fd)  # closing drops the lock
 
-    def _write(self, fd: int, line: bytes) -> None:
-        """The line at the end of the open file (a torn tail ended first, once per file)."""
+    def _write(self, fd: int, lines: bytes) -> None:
+        """Whole lines at the end of the open file (a torn tail ended first, once per file)."""
         if not self.checked_tail:
             _end_torn_tail(fd)
             self.checked_tail = True
-        os.write(fd, line)
+        os.write(fd, lines)
         self.written += 1
         ride_folder_fsyncs(self)
 
@@ -207,7 +217,8 @@ class Journal:
         **facts: Any,
     ) -> Event:
         """Append one transition; ``facts`` are Event's optional structured fields."""
-        with self._file.lock:  # timestamps in file order, so readers can merge files
+        f = self._file
+        with f.lock:  # timestamps in file order, so readers can merge files
             ev = Event(
                 ts=now(),
                 job=job,
@@ -218,13 +229,43 @@ class Journal:
                 reason=redact(reason) if reason else reason,
                 **facts,
             )
-            self._file.append(encode_line(ev))
+            f.append(encode_line(ev))
+            if f.held is not None:
+                f.held_events.append((self, ev))  # told once the batch's write is done
+                return ev
+        self._tell(ev)
+        return ev
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """The lines recorded inside (a publish or acceptance batch's, one a job) reach the
+        file in one write at the end: one round trip on a NAS, not one a line. The file's
+        lock is held meanwhile (another thread's line waits, so timestamps stay in file
+        order); listeners hear each line after that write. Lines recorded before an error
+        inside are still written: each tells of a transition already made. Keep the body
+        short: a loop of :meth:`record` calls."""
+        f = self._file
+        with f.lock:
+            if f.held is not None:  # inside another batch of this file: that one writes
+                yield
+                return
+            f.held, f.held_events = [], []
+            try:
+                yield
+            finally:
+                lines, f.held = f.held, None
+                told, f.held_events = f.held_events, []
+                if lines:
+                    f.append(b"".join(lines))
+        for journal, ev in told:
+            journal._tell(ev)
+
+    def _tell(self, ev: Event) -> None:
         for listen in self.listeners:
             try:
                 listen(ev)
             except Exception:  # an observer must never break a transition
                 log.exception("event listener failed")
-        return ev
 
     def commit(self) -> None:
         """Make every line of this journal's file written so far durable (see :class:`_File`)."""

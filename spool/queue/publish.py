@@ -318,10 +318,11 @@ def commit(ctx: Context, batch: list[Ready]) -> list[Manifest | BaseException]:
     finally:
         for r in batch:
             r.prepared.discard()  # named now (its temp name, if any, goes) or no longer needed
-    for r in moved:
-        m = out[r.job_id]
-        assert isinstance(m, Manifest)
-        _told(ctx, r.job, r.attempt, m, r.note, r.why)
+    with ctx.journal.batch():  # the batch's lines in one write
+        for r in moved:
+            m = out[r.job_id]
+            assert isinstance(m, Manifest)
+            _told(ctx, r.job, r.attempt, m, r.note, r.why)
     return [out.get(r.job_id, LostOwnership(f"{r.job_id} was not published")) for r in batch]
 
 
