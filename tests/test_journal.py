@@ -120,10 +120,30 @@ def test_a_batch_cut_by_an_error_still_writes_the_lines_recorded(tree: Tree):
     """Each line tells of a transition already made: an error later in the batch's loop
     must not lose it."""
     j = Journal(tree, "batch-w2")
+    heard: list[str] = []
+    j.listeners.append(lambda ev: heard.append(ev.job))
     with pytest.raises(RuntimeError), j.batch():
         j.record("a@1", "complete")
         raise RuntimeError("the next job's line failed")
     assert _lines(j.path) == [("a@1", "complete")]
+    assert heard == ["a@1"]  # written, so told
+
+
+def test_lines_a_batch_could_not_write_are_told_to_nobody(tree: Tree, monkeypatch):
+    j = Journal(tree, "batch-w4")
+    j.record("a@1", "pending")
+    heard: list[str] = []
+    j.listeners.append(lambda ev: heard.append(ev.job))
+
+    def full(fd: int, data: bytes) -> int:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(OSError), j.batch():
+        j.record("b@1", "complete")
+    monkeypatch.undo()
+    assert heard == []
+    assert _lines(j.path) == [("a@1", "pending")]
 
 
 def test_another_threads_line_waits_for_a_batch_so_timestamps_stay_in_file_order(tree: Tree):

@@ -245,20 +245,24 @@ class Journal:
         inside are still written: each tells of a transition already made. Keep the body
         short: a loop of :meth:`record` calls."""
         f = self._file
-        with f.lock:
-            if f.held is not None:  # inside another batch of this file: that one writes
-                yield
-                return
-            f.held, f.held_events = [], []
-            try:
-                yield
-            finally:
-                lines, f.held = f.held, None
-                told, f.held_events = f.held_events, []
-                if lines:
-                    f.append(b"".join(lines))
-        for journal, ev in told:
-            journal._tell(ev)
+        written: list[tuple[Journal, Event]] = []  # told once in the file, error or not
+        try:
+            with f.lock:
+                if f.held is not None:  # inside another batch of this file: that one writes
+                    yield
+                    return
+                f.held, f.held_events = [], []
+                try:
+                    yield
+                finally:
+                    lines, f.held = f.held, None
+                    told, f.held_events = f.held_events, []
+                    if lines:
+                        f.append(b"".join(lines))  # if this fails, nobody hears of them
+                    written = told
+        finally:
+            for journal, ev in written:
+                journal._tell(ev)
 
     def _tell(self, ev: Event) -> None:
         for listen in self.listeners:
