@@ -54,6 +54,18 @@ def _read(path: Path) -> bytes:
         return f.read()
 
 
+def _seal(path: Path) -> None:
+    """What ``store.put`` does to a candidate through one open: read it (the hash), make it
+    read-only and fsync it."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.read(fd, 1 << 16)
+        os.fchmod(fd, 0o444)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _object(spool: Path, i: int) -> Path:
     h = hashlib.sha256(b"%d" % i).hexdigest()
     return spool / "store" / "sha256" / h[:2] / f"{h}.txt"
@@ -95,13 +107,7 @@ def format2(spool: Path, i: int) -> None:
     out = jobs / "1" / "work" / f"{jid}.txt"
     _new(out, OUTPUT, sync=False)
     _read(out)  # the gate
-    fd = os.open(out, os.O_RDONLY)  # store.put: hashed, made read-only and fsynced through one open
-    try:
-        os.read(fd, 1 << 16)
-        os.fchmod(fd, 0o444)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _seal(out)  # store.put
     os.link(out, _object(spool, i))
     _new(jobs / "1" / "result.json", MANIFEST, mode=0o444)
     (jobs / "cancel.json").exists()
@@ -156,13 +162,7 @@ def floor(spool: Path, i: int) -> None:
     os.mkdir(jobs / "1" / "work")
     out = jobs / "1" / "work" / f"{jid}.txt"
     _new(out, OUTPUT, sync=False)
-    fd = os.open(out, os.O_RDONLY)  # the gate and the hash in one read
-    try:
-        os.read(fd, 1 << 16)
-        os.fchmod(fd, 0o444)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _seal(out)  # the gate and the hash in the same read
     os.link(out, _object(spool, i))
     _new(spool / "manifests" / f"{jid}.json", MANIFEST, mode=0o444)
     os.rename(running, spool / "complete" / f"{jid}.json")
