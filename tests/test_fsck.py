@@ -185,13 +185,16 @@ def test_a_daemon_walks_every_job_folder_only_when_its_worker_owes_the_walk(done
     from spool.core.model import WorkerRecord
     from spool.disk.records import read
 
+    def read_record() -> WorkerRecord | None:
+        return read(done.worker_file(f"{HOST}-w1"), WorkerRecord, replaced=True)  # heartbeats replace it
+
     def record() -> WorkerRecord:
-        rec = read(done.worker_file(f"{HOST}-w1"), WorkerRecord, replaced=True)  # heartbeats replace it
+        rec = read_record()
         assert rec is not None
         return rec
 
     def running_as(pid: int) -> bool:
-        rec = read(done.worker_file(f"{HOST}-w1"), WorkerRecord, replaced=True)
+        rec = read_record()
         return rec is not None and rec.pid == pid and rec.state == "running"
 
     first = daemons(done, drain=True)  # no previous process: walks, then stops cleanly

@@ -62,9 +62,9 @@ class _File:
         # One writer at a time, in file order; re-entrant for a batch (Journal.batch), whose
         # thread records its lines while holding it.
         self.lock = threading.RLock()
-        #: A batch's lines and events, held until its one write (None: no batch open).
-        self.held: list[bytes] | None = None
-        self.held_events: list[tuple[Journal, Event]] = []
+        #: A batch's events (and the journal each was recorded by), held until its one
+        #: write (None: no batch open).
+        self.held: list[tuple[Journal, Event]] | None = None
         self.sync_lock = threading.Lock()  # one fsync at a time; the next covers all who waited
         self.written = 0
         self.synced = 0
@@ -80,11 +80,7 @@ class _File:
         self._retired: list[int] = []
 
     def append(self, line: bytes) -> None:
-        """Write one line (called with ``lock`` held); it rides on the next group commit.
-        Inside a batch, the line waits for the batch's one write."""
-        if self.held is not None:
-            self.held.append(line)
-            return
+        """Write one line (called with ``lock`` held); it rides on the next group commit."""
         if self.keep_open:
             # No flock: a kept file is a daemon's own, named by the worker identity it holds
             # (spool.queue.workers), so no other process appends to it.
@@ -229,10 +225,10 @@ class Journal:
                 reason=redact(reason) if reason else reason,
                 **facts,
             )
-            f.append(encode_line(ev))
             if f.held is not None:
-                f.held_events.append((self, ev))  # told once the batch's write is done
+                f.held.append((self, ev))  # written, then told, when the batch ends
                 return ev
+            f.append(encode_line(ev))
         self._tell(ev)
         return ev
 
@@ -251,15 +247,14 @@ class Journal:
                 if f.held is not None:  # inside another batch of this file: that one writes
                     yield
                     return
-                f.held, f.held_events = [], []
+                f.held = []
                 try:
                     yield
                 finally:
-                    lines, f.held = f.held, None
-                    told, f.held_events = f.held_events, []
-                    if lines:
-                        f.append(b"".join(lines))  # if this fails, nobody hears of them
-                    written = told
+                    held, f.held = f.held, None
+                    if held:
+                        f.append(b"".join(encode_line(ev) for _, ev in held))  # fails: none told
+                    written = held
         finally:
             for journal, ev in written:
                 journal._tell(ev)
